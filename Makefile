@@ -1,0 +1,33 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   - create/refresh .venv, then evaluate the bundled tiny CLIP on the bundled shapes datasets
+#   make test   - create/refresh .venv, then run the test suite (what CI runs)
+PY ?= python3.11
+VENV := .venv
+STAMP := $(VENV)/.installed
+export PREFECT_HOME ?= $(CURDIR)/.prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export DO_NOT_TRACK := 1
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: venv demo test lint bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/clipcache eval --model tiny-shapes-clip --dataset shapes shapes_retrieval --output_dir outputs --cache_dir cache
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf outputs cache .prefect

@@ -1,0 +1,137 @@
+"""``clipcache`` command line. Flags follow LAION clip_benchmark (``--dataset a b c``, ``--recall_k 1 5 10``), which
+is why this is argparse: click/typer options cannot take several values after one flag."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+
+console = Console(stderr=True)
+# Piped output would otherwise wrap the results table at 80 columns.
+out = Console(width=None if sys.stdout.isatty() else 120)
+
+
+def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
+    """Accept clip_benchmark's ``--recall_k`` and the dashed ``--recall-k`` alike."""
+    names = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+    parser.add_argument(*names, dest=name, **kwargs)
+
+
+def _eval_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate models on datasets (zero-shot classification / retrieval)",
+                       description="Evaluate CLIP-style models; flags as in LAION clip_benchmark.")
+    _flag(p, "model", nargs="+", required=True, help="open_clip architecture, local-dir:PATH, hf-hub:ORG/REPO, "
+                                                     "HF/ModelScope id, local directory, or tiny-shapes-clip")
+    _flag(p, "pretrained", nargs="+", default=None, help="open_clip pretrained tag or checkpoint (one, or one per "
+                                                         "model)")
+    _flag(p, "model_type", choices=["auto", "open_clip", "hf", "modelscope"], default="auto")
+    _flag(p, "arch_config", default=None, help="extra open_clip architecture JSON file or folder")
+    _flag(p, "hub", choices=["huggingface", "modelscope"], default="huggingface",
+          help="hub for ORG/NAME model ids (default huggingface)")
+    _flag(p, "dataset", nargs="+", required=True, help="shapes, shapes_retrieval, custom, wds/<name>, catalog name")
+    _flag(p, "dataset_root", default=None, help="dataset folder or template with {dataset} / {dataset_cleaned}")
+    _flag(p, "split", default="test")
+    _flag(p, "task", choices=["auto", "zeroshot_classification", "zeroshot_retrieval"], default="auto")
+    _flag(p, "language", default="en")
+    _flag(p, "recall_k", nargs="+", type=int, default=[1, 5, 10])
+    _flag(p, "batch_size", type=int, default=64)
+    _flag(p, "num_workers", type=int, default=2)
+    _flag(p, "limit", type=int, default=None, help="evaluate exactly the first N samples")
+    amp = p.add_mutually_exclusive_group()
+    amp.add_argument("--amp", dest="amp", action="store_true", default=False,
+                     help="mixed precision: bf16 on CPU, fp16 on CUDA")
+    amp.add_argument("--no_amp", "--no-amp", dest="amp", action="store_false", help="fp32 (default; parity)")
+    _flag(p, "device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
+    _flag(p, "on_bad_image", choices=["error", "skip"], default="error")
+    _flag(p, "output", default=None, help="also write clip_benchmark-style JSON to this path template, e.g. "
+                                          "'{dataset}_{model}_{task}.json'")
+    _flag(p, "output_dir", default="outputs")
+    _flag(p, "cache_dir", default="cache")
+    _flag(p, "model_cache_dir", default=None)
+    _flag(p, "skip_existing", action="store_true", default=False)
+    _flag(p, "quiet", action="store_true", default=False, help="no progress bars")
+    p.set_defaults(handler=_cmd_eval)
+
+
+def _models_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from storage.errors import ConfigError
+
+    pretrained = args.pretrained or [None]
+    if len(pretrained) not in (1, len(args.model)):
+        raise ConfigError(f"--pretrained: give one value or one per model ({len(args.model)}), got {len(pretrained)}")
+    if len(pretrained) == 1:
+        pretrained = pretrained * len(args.model)
+    return [{"model_name": m, "pretrained": p or None, "model_type": args.model_type, "arch_config": args.arch_config,
+             "hub": args.hub} for m, p in zip(args.model, pretrained, strict=True)]
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from flows.params import EvaluateParams, validate
+
+    params = validate(EvaluateParams, {
+        "models": _models_from_args(args), "datasets": args.dataset, "dataset_root": args.dataset_root,
+        "split": args.split, "task": args.task, "language": args.language, "recall_k": args.recall_k,
+        "batch_size": args.batch_size, "num_workers": args.num_workers, "limit": args.limit, "amp": args.amp,
+        "device": args.device, "on_bad_image": args.on_bad_image, "output": args.output,
+        "output_dir": args.output_dir, "cache_dir": args.cache_dir, "model_cache_dir": args.model_cache_dir,
+        "skip_existing": args.skip_existing, "verbose": not args.quiet,
+    })
+    return _run(params)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from flows.evalscope import to_evaluate_params
+
+    return _run(to_evaluate_params(args.config))
+
+
+def _run(params) -> int:
+    from flows.evaluate import evaluate
+    from flows.report import print_results
+
+    results = evaluate(params)
+    print_results(out, results, params.output_dir)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="clipcache", allow_abbrev=False,
+                                     description="Evaluate CLIP-style models from an embedding cache.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show Prefect and library logs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _eval_parser(sub)
+    run = sub.add_parser("run", help="run an evalscope-style task config (JSON or YAML)")
+    run.add_argument("config", help="task_cfg.json or task_cfg.yaml")
+    run.set_defaults(handler=_cmd_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from flows import runtime
+
+    runtime.configure(verbose=args.verbose)
+    from storage.errors import ClipcacheError
+
+    try:
+        return args.handler(args)
+    except ClipcacheError as e:
+        console.print(f"[bold red]error:[/] {_escape(str(e))}", highlight=False)
+        return e.exit_code
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: finished chunks are cached; run the same command again to continue")
+        return 130
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""evalscope's task configuration (``eval_backend: RAGEval``, ``eval_config.tool: clip_benchmark``) -> EvaluateParams.
+
+Same keys and defaults as evalscope's CLIP benchmark backend; unknown keys are an error naming the key (evalscope
+silently ignores them). Model ids default to ModelScope, as in evalscope.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+from flows.params import EvaluateParams, TaskChoice, validate
+from storage.errors import ConfigError
+from tasks.encode.models.spec import ModelType
+
+
+class EvalscopeModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model_name: str
+    pretrained: str | None = None
+    model_type: ModelType = "auto"
+    arch_config: str | None = None
+    revision: str | None = None
+    hub: Literal["huggingface", "modelscope"] = "modelscope"
+
+
+class EvalscopeEval(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    models: list[EvalscopeModel] = Field(min_length=1)
+    dataset_name: list[str] = Field(min_length=1)
+    data_dir: str | None = None
+    split: str = "test"
+    task: TaskChoice = "auto"
+    batch_size: PositiveInt = 128
+    num_workers: int = Field(1, ge=0)
+    verbose: bool = True
+    skip_existing: bool = False
+    output_dir: str = "outputs"
+    cache_dir: str = "cache"
+    limit: PositiveInt | None = None
+    # clipcache extensions (same meaning as the CLI flags)
+    language: str = "en"
+    recall_k: list[PositiveInt] = Field(default_factory=lambda: [1, 5, 10], min_length=1)
+    amp: bool = False
+    device: str = "auto"
+    on_bad_image: Literal["error", "skip"] = "error"
+    output: str | None = None
+    model_cache_dir: str | None = None
+
+
+class EvalscopeEvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tool: Literal["clip_benchmark"]
+    eval: EvalscopeEval
+
+
+class EvalscopeTaskConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    eval_backend: Literal["RAGEval"] = "RAGEval"
+    eval_config: EvalscopeEvalConfig
+
+
+def load_task_config(source: dict[str, Any] | str | Path) -> dict[str, Any]:
+    """A task config given as a dict, or a path to a JSON / YAML file."""
+    if isinstance(source, dict):
+        return source
+    path = Path(source)
+    if not path.is_file():
+        raise ConfigError(f"task config file {path} not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"task config {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") \
+            from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"task config {path} must hold a mapping at the top level")
+    return data
+
+
+def to_evaluate_params(task_cfg: dict[str, Any] | str | Path) -> EvaluateParams:
+    data = load_task_config(task_cfg)
+    task = (data.get("eval_config") or {}).get("eval", {}).get("task") if isinstance(data.get("eval_config"),
+                                                                                     dict) else None
+    if task == "image_caption":
+        raise ConfigError("eval_config.eval.task: 'image_caption' (convert to BEIR with a multimodal LLM) is not "
+                          "available in this version")
+    cfg: EvalscopeTaskConfig = validate(EvalscopeTaskConfig, data)
+    ev = cfg.eval_config.eval
+    fields = ev.model_dump(exclude={"models", "dataset_name", "data_dir"})
+    return validate(EvaluateParams, {
+        **fields,
+        "models": [m.model_dump() for m in ev.models],
+        "datasets": ev.dataset_name,
+        "dataset_root": ev.data_dir,
+    })

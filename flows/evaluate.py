@@ -1,0 +1,97 @@
+"""The ``evaluate`` flow: for each (model, dataset) pair, encode what the cache lacks, score, write results.
+
+Pairs run in order in one process so a model is loaded once for all its datasets. A pair that fails stops the run
+with its error; everything finished before it is already in the cache and the result files, so re-running continues
+where it stopped. Results for finished pairs are written as each pair completes, not at the end.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from flows import runtime
+
+runtime.configure()
+
+from prefect import flow  # noqa: E402
+
+from flows.params import EvaluateParams  # noqa: E402
+from storage.embedding_store import EmbeddingStore  # noqa: E402
+from storage.hashing import FileHashMemo  # noqa: E402
+from storage.results import new_run_id, write_run_row  # noqa: E402
+from tasks import prefect_tasks as t  # noqa: E402
+from tasks.evaluation import EncodeOptions, check_language  # noqa: E402
+from tasks.progress import StageProgress  # noqa: E402
+from tasks.results import PairContext, clipcache_version, evalscope_result_path  # noqa: E402
+
+
+@dataclass
+class PairResult:
+    model: str
+    dataset: str
+    task: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    n_samples: int = 0
+    status: str = "done"  # done | skipped
+    cache_hit: bool = False
+    resumed: bool = False
+    model_loaded: bool = False
+    encode_seconds: float = 0.0
+    score_seconds: float = 0.0
+    files: list[str] = field(default_factory=list)
+
+
+@flow(name="evaluate", flow_run_name="evaluate-{params.datasets[0]}", validate_parameters=True, log_prints=False)
+def evaluate(params: EvaluateParams) -> list[PairResult]:
+    progress = StageProgress(enabled=params.verbose)
+    run_id, created_at, started = new_run_id(), datetime.now(UTC), time.perf_counter()
+    store = EmbeddingStore(params.cache_dir)
+    memo = FileHashMemo(Path(params.cache_dir) / "file_hashes.json")
+    opts = EncodeOptions(params.batch_size, params.num_workers, params.on_bad_image, params.limit)
+    results: list[PairResult] = []
+    status, device = "failed", "unknown"
+    try:
+        for spec in params.models:
+            session = t.prepare_model(spec, memo, params.device, params.amp, params.model_cache_dir)
+            device = str(session.device)
+            for name in params.datasets:
+                results.append(_evaluate_pair(params, spec, session, name, store, memo, opts, progress,
+                                              run_id, created_at))
+        status = "completed"
+        return results
+    finally:
+        write_run_row(params.output_dir, {
+            "run_id": run_id, "created_at": created_at, "finished_at": datetime.now(UTC), "status": status,
+            "config": params.model_dump_json(), "device": device,
+            "versions": {"clipcache": clipcache_version(), "python": platform.python_version()},
+            "durations": {"total_seconds": time.perf_counter() - started,
+                          "pairs": [[r.model, r.dataset, r.encode_seconds, r.score_seconds] for r in results]},
+            "clipcache_version": clipcache_version(),
+        })
+
+
+def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run_id, created_at) -> PairResult:
+    if params.skip_existing and params.task != "auto":
+        existing = evalscope_result_path(params.output_dir, spec, name, params.task)
+        if existing.exists():
+            return PairResult(spec.model_name, name, params.task, status="skipped", files=[str(existing)])
+    dataset = t.open_dataset(name, params.dataset_root, params.split, params.limit)
+    task = t.select_task(dataset, params.task)
+    check_language(dataset, task, params.language)
+    existing = evalscope_result_path(params.output_dir, spec, name, task)
+    if params.skip_existing and existing.exists():
+        return PairResult(spec.model_name, name, task, status="skipped", files=[str(existing)])
+    loads_before = session.loads
+    encoded = t.encode(session, dataset, task, store, memo, opts, progress)
+    scored = t.score(store, encoded, params.recall_k)
+    ctx = PairContext(run_id, created_at, spec, session.resolved.fingerprint, name, params.split, params.language,
+                      task)
+    files = t.write_results(ctx, scored.metrics, scored.n_samples, encoded.cache_keys, params.output_dir,
+                            params.output)
+    return PairResult(spec.model_name, name, task, scored.metrics, scored.n_samples, "done", encoded.cache_hit,
+                      encoded.images.resumed or encoded.texts.resumed, session.loads > loads_before,
+                      encoded.seconds, scored.seconds, [str(f) for f in files])

@@ -1,0 +1,69 @@
+"""The one validated run configuration. The CLI, evalscope task configs and the Prefect flow all end up here."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+
+from storage.errors import ConfigError
+from tasks.encode.models.spec import ModelSpec
+
+TaskChoice = Literal["auto", "zeroshot_classification", "zeroshot_retrieval"]
+
+
+class EvaluateParams(BaseModel):
+    """Parameters of the ``evaluate`` flow (also the deployment's parameter schema)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    models: list[ModelSpec] = Field(min_length=1)
+    datasets: list[str] = Field(min_length=1, description="shapes, shapes_retrieval, custom, wds/<name> or a "
+                                                          "catalog name")
+    dataset_root: str | None = Field(None, description="dataset folder, or a template with {dataset} / "
+                                                       "{dataset_cleaned}; for custom: the folder with "
+                                                       "image_queries.jsonl")
+    split: str = "test"
+    task: TaskChoice = "auto"
+    language: str = "en"
+    recall_k: list[PositiveInt] = Field(default_factory=lambda: [1, 5, 10], min_length=1)
+    batch_size: PositiveInt = 64
+    num_workers: int = Field(2, ge=0)
+    limit: PositiveInt | None = Field(None, description="evaluate exactly the first N samples")
+    amp: bool = Field(False, description="mixed precision: bf16 on CPU, fp16 on CUDA (default fp32, for parity)")
+    device: str = "auto"
+    on_bad_image: Literal["error", "skip"] = "error"
+    output: str | None = Field(None, description="also write clip_benchmark-style JSON to this path template")
+    output_dir: str = "outputs"
+    cache_dir: str = "cache"
+    model_cache_dir: str | None = Field(None, description="where hub downloads go (default: the hubs' own caches)")
+    skip_existing: bool = False
+    verbose: bool = True
+
+    @field_validator("datasets")
+    @classmethod
+    def _no_blank_names(cls, value: list[str]) -> list[str]:
+        if any(not name.strip() for name in value):
+            raise ValueError("dataset names must not be empty")
+        return value
+
+
+def describe_validation_error(error: ValidationError, prefix: str = "") -> str:
+    """'field.path: message' for every problem, one per line (pydantic's own text names the model, not the field)."""
+    lines = []
+    for problem in error.errors():
+        where = ".".join(str(part) for part in problem["loc"]) or "(config)"
+        message = problem["msg"]
+        if problem["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif problem["type"] == "literal_error":
+            message = f"{problem['msg']}, got {problem['input']!r}"
+        lines.append(f"{prefix}{where}: {message}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def validate(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(describe_validation_error(e, prefix)) from e

@@ -1,0 +1,102 @@
+"""Result files: evalscope-style JSON, clip_benchmark-style JSON and long-format Parquet metric rows.
+
+Parquet layout under the output directory (append-only; each file is written to a temporary name and renamed, so a
+query never sees half a file, and two runs never write the same file)::
+
+    warehouse/metrics/<run_id>-<part>.parquet   one row per (run, model, dataset, split, language, task, metric, k)
+    warehouse/runs/<run_id>.parquet             one row per run: configuration, versions, device, durations, status
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from storage.atomic import atomic_write, atomic_write_json
+
+# Bump when a column changes meaning or is removed; adding a nullable column at the end does not need a bump.
+SCHEMA_VERSION = 1
+
+METRIC_SCHEMA = pa.schema([
+    ("run_id", pa.string()),
+    ("created_at", pa.timestamp("us", tz="UTC")),
+    ("model", pa.string()),
+    ("pretrained", pa.string()),
+    ("model_fingerprint", pa.string()),
+    ("dataset", pa.string()),
+    ("split", pa.string()),
+    ("language", pa.string()),
+    ("task", pa.string()),
+    ("metric", pa.string()),
+    ("k", pa.int32()),
+    ("value", pa.float64()),
+    ("higher_is_better", pa.bool_()),
+    ("n_samples", pa.int64()),
+    ("cache_keys", pa.list_(pa.string())),
+    ("clipcache_version", pa.string()),
+    ("schema_version", pa.int32()),
+])
+
+RUN_SCHEMA = pa.schema([
+    ("run_id", pa.string()),
+    ("created_at", pa.timestamp("us", tz="UTC")),
+    ("finished_at", pa.timestamp("us", tz="UTC")),
+    ("status", pa.string()),
+    ("config", pa.string()),
+    ("versions", pa.string()),
+    ("device", pa.string()),
+    ("durations", pa.string()),
+    ("clipcache_version", pa.string()),
+    ("schema_version", pa.int32()),
+])
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def json_safe_metrics(metrics: dict[str, float]) -> dict[str, float | None]:
+    """NaN (e.g. acc5 with fewer than 5 classes) becomes JSON null, as DESIGN.md asks."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> Path:
+    atomic_write_json(Path(path), payload)
+    return Path(path)
+
+
+def _write_table(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> Path:
+    table = pa.Table.from_pylist(rows, schema=schema)
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    return path
+
+
+def warehouse_dir(output_dir: str | Path) -> Path:
+    return Path(output_dir) / "warehouse"
+
+
+def write_metric_rows(output_dir: str | Path, run_id: str, rows: list[dict[str, Any]]) -> Path:
+    path = warehouse_dir(output_dir) / "metrics" / f"{run_id}-{uuid.uuid4().hex[:8]}.parquet"
+    return _write_table(path, [{**r, "schema_version": SCHEMA_VERSION} for r in rows], METRIC_SCHEMA)
+
+
+def write_run_row(output_dir: str | Path, row: dict[str, Any]) -> Path:
+    row = {**row, "schema_version": SCHEMA_VERSION}
+    for field in ("config", "versions", "durations"):
+        if not isinstance(row.get(field), str):
+            row[field] = json.dumps(row.get(field), sort_keys=True, default=str)
+    path = warehouse_dir(output_dir) / "runs" / f"{row['run_id']}.parquet"
+    return _write_table(path, [row], RUN_SCHEMA)
+
+
+def read_metric_rows(output_dir: str | Path) -> pa.Table:
+    files = sorted((warehouse_dir(output_dir) / "metrics").glob("*.parquet"))
+    if not files:
+        return METRIC_SCHEMA.empty_table()
+    return pa.concat_tables([pq.read_table(f, schema=METRIC_SCHEMA) for f in files])

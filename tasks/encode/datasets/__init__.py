@@ -1,0 +1,73 @@
+"""Dataset registry: a name (plus root/split/limit) to an indexed :class:`EvalDataset`.
+
+- ``shapes`` / ``shapes_retrieval``: the bundled synthetic data (no files needed).
+- ``custom``: evalscope's ``image_queries.jsonl`` layout under ``dataset_root`` / ``data_dir``.
+- ``wds/<name>``: the hosted webdataset layout under ``dataset_root`` (a directory or a template with ``{dataset}`` /
+  ``{dataset_cleaned}``, as in clip_benchmark).
+- any name from ``catalog.csv`` (the 43 CLIP-benchmark datasets): the same webdataset layout under ``dataset_root``.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+from storage.errors import ConfigError, DatasetError
+from tasks.encode.datasets.base import EvalDataset
+from tasks.registry import Registry
+
+Loader = Callable[[str, Path | None, str, int | None], EvalDataset]
+DATASETS: Registry[Loader] = Registry("dataset", DatasetError)
+DATASETS.register("shapes", "tasks.encode.datasets.loaders:shapes_classification")
+DATASETS.register("shapes_retrieval", "tasks.encode.datasets.loaders:shapes_retrieval")
+DATASETS.register("custom", "tasks.encode.datasets.loaders:custom")
+
+WDS_PREFIX = "wds/"
+
+
+@cache
+def catalog() -> dict[str, dict[str, str]]:
+    with open(Path(__file__).with_name("catalog.csv"), encoding="utf-8") as f:
+        return {row["name"]: row for row in csv.DictReader(f)}
+
+
+def format_root(template: str, dataset: str) -> Path:
+    """clip_benchmark's ``--dataset_root`` template: ``{dataset}`` and ``{dataset_cleaned}`` (``/`` -> ``-``)."""
+    try:
+        return Path(template.format(dataset=dataset, dataset_cleaned=dataset.replace("/", "-"))).expanduser()
+    except (KeyError, IndexError, ValueError) as e:
+        raise ConfigError(f"dataset_root: {template!r} is not a valid template "
+                          f"(placeholders: {{dataset}}, {{dataset_cleaned}})") from e
+
+
+def known_names() -> list[str]:
+    return DATASETS.names() + sorted(catalog())
+
+
+def check_name(name: str) -> None:
+    """Raise a "Did you mean" error for a name that can never resolve (before any work starts)."""
+    if name.startswith(WDS_PREFIX) or name in DATASETS or name in catalog():
+        return
+    import difflib
+
+    close = difflib.get_close_matches(name, known_names(), n=3, cutoff=0.6)
+    hint = f" Did you mean: {', '.join(close)}?" if close else " Use wds/<name> with --dataset_root for a local " \
+                                                               "webdataset folder, or custom with a data_dir."
+    raise DatasetError(f"Unknown dataset {name!r}.{hint}")
+
+
+def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | None) -> EvalDataset:
+    check_name(name)
+    if name in DATASETS:
+        root = format_root(dataset_root, name) if dataset_root else None
+        return DATASETS.get(name)(name, root, split, limit)
+    from tasks.encode.datasets.wds import load_webdataset
+
+    bare = name[len(WDS_PREFIX):] if name.startswith(WDS_PREFIX) else name
+    if not dataset_root:
+        raise DatasetError(f"dataset {name!r} needs --dataset_root (a local folder in the clip_benchmark webdataset "
+                           f"layout, or a template such as 'datasets/{{dataset_cleaned}}'); downloading hosted "
+                           f"datasets is not available yet")
+    return load_webdataset(name, format_root(dataset_root, bare), split, limit)

@@ -1,0 +1,80 @@
+"""What every evaluation dataset provides to the encode stage.
+
+A dataset is indexed up front (labels, captions and where each image lives) in the main process; images are decoded
+later, by index, possibly in DataLoader worker processes. Indexing by position keeps sample order fixed whatever the
+number of workers, makes ``--limit N`` exactly the first N samples and lets an interrupted encode resume at a position.
+"""
+
+from __future__ import annotations
+
+import io
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from PIL import Image
+
+from storage.errors import DatasetError
+from storage.hashing import FileHashMemo
+
+Task = Literal["zeroshot_classification", "zeroshot_retrieval"]
+TASKS: tuple[Task, ...] = ("zeroshot_classification", "zeroshot_retrieval")
+
+
+@dataclass
+class ClassPrompts:
+    """Class names and ``{c}`` templates for one language, with where they came from."""
+
+    classnames: list[str]
+    templates: list[str]
+    language: str = "en"
+    source: str = ""
+
+    def prompts(self) -> list[str]:
+        """Class-major prompt list: row ``c * len(templates) + t`` is ``templates[t].format(c=classnames[c])``."""
+        return [t.format(c=c) for c in self.classnames for t in self.templates]
+
+
+@dataclass
+class EvalDataset(ABC):
+    """An indexed dataset. Subclasses fill ``labels`` (classification) or ``captions`` (retrieval) while indexing."""
+
+    name: str
+    split: str
+    task: Task
+    labels: np.ndarray | None = None  # (n,) int64 class ids, or (n, C) multi-hot for multilabel datasets
+    captions: list[list[str]] | None = None  # per sample, for retrieval
+    prompts: ClassPrompts | None = None
+    multilabel: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def identity(self, memo: FileHashMemo) -> dict[str, Any]:
+        """Everything that determines the samples' content (a content fingerprint for local files)."""
+
+    @abstractmethod
+    def describe(self, index: int) -> str:
+        """Where sample ``index`` comes from, for error messages (file, shard and member...)."""
+
+    @abstractmethod
+    def read_image_bytes(self, index: int) -> bytes | Image.Image:
+        """Raw encoded image (or an already built PIL image for generated data)."""
+
+    def load_image(self, index: int) -> Image.Image:
+        """Decoded RGB image; a file that does not decode raises DatasetError naming it."""
+        raw = self.read_image_bytes(index)
+        if isinstance(raw, Image.Image):
+            return raw.convert("RGB")
+        try:
+            with Image.open(io.BytesIO(raw)) as img:
+                img.load()
+                return img.convert("RGB")
+        except Exception as e:  # PIL raises many types for bad data (OSError, SyntaxError, ValueError...)
+            raise DatasetError(f"image does not decode: {self.describe(index)} ({type(e).__name__}: {e})") from e
+
+    def supports(self, task: Task) -> bool:
+        return task == self.task

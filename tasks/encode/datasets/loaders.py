@@ -1,0 +1,28 @@
+"""Registry entry points (kept tiny; each module holds its format)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from storage.errors import DatasetError
+from tasks.encode.datasets.base import EvalDataset
+
+
+def shapes_classification(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+    from tasks.encode.datasets.shapes import load_shapes
+
+    return load_shapes(name, "zeroshot_classification", split, limit)
+
+
+def shapes_retrieval(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+    from tasks.encode.datasets.shapes import load_shapes
+
+    return load_shapes(name, "zeroshot_retrieval", split, limit)
+
+
+def custom(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+    from tasks.encode.datasets.custom import load_image_queries
+
+    if root is None:
+        raise DatasetError("dataset 'custom' needs data_dir (or --dataset_root): the folder holding image_queries.jsonl")
+    return load_image_queries(name, root, split, limit)

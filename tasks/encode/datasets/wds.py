@@ -1,0 +1,206 @@
+"""The hosted webdataset layout used by LAION clip_benchmark and evalscope for the 43 benchmark datasets.
+
+::
+
+    <root>/classnames.txt                          one class name per line (classification)
+    <root>/zeroshot_classification_templates.txt   one template per line, placeholder {c}
+    <root>/dataset_type.txt                        optional: retrieval | multilabel (default: classification)
+    <root>/<split>/nshards.txt                     number of shards N
+    <root>/<split>/{0..N-1}.tar                    members <key>.webp|png|jpg|jpeg + <key>.cls | <key>.txt | <key>.npy
+
+Shards are indexed with ``tarfile`` (member offsets) instead of streamed, so samples keep shard order with any number
+of workers (clip_benchmark's streaming loader fails when workers > shards) and can be read by position.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from storage.errors import DatasetError
+from storage.hashing import FileHashMemo
+from tasks.encode.datasets.base import ClassPrompts, EvalDataset
+
+IMAGE_EXTENSIONS = ("webp", "png", "jpg", "jpeg")
+
+
+def split_key(member_name: str) -> tuple[str, str]:
+    """webdataset's rule: the key is the path up to the first dot of the file name, the rest is the extension."""
+    directory, _, base = member_name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    key = f"{directory}/{stem}" if directory else stem
+    return key, ext.lower() if dot else ""
+
+
+def read_lines(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@dataclass
+class _Member:
+    shard: int
+    name: str
+    offset: int
+    size: int
+
+
+@dataclass
+class WebDataset(EvalDataset):
+    root: Path = Path(".")
+    shards: list[Path] = field(default_factory=list)
+    members: list[_Member] = field(default_factory=list)
+    _handles: dict[int, Any] = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def identity(self, memo: FileHashMemo) -> dict[str, Any]:
+        meta = [self.root / n for n in ("classnames.txt", "zeroshot_classification_templates.txt", "dataset_type.txt")]
+        files = [p for p in meta if p.exists()] + self.shards_used()
+        return {"format": "wds", "content": memo.fingerprint(files, root=self.root)}
+
+    def shards_used(self) -> list[Path]:
+        last = self.members[-1].shard if self.members else -1
+        return self.shards[: last + 1]
+
+    def describe(self, index: int) -> str:
+        m = self.members[index]
+        return f"{self.shards[m.shard]} member {m.name}"
+
+    def read_image_bytes(self, index: int) -> bytes:
+        m = self.members[index]
+        handle = self._handles.get(m.shard)
+        if handle is None:
+            handle = self._handles[m.shard] = open(self.shards[m.shard], "rb")  # noqa: SIM115 - kept open per worker
+        handle.seek(m.offset)
+        return handle.read(m.size)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_handles"] = {}  # file handles do not cross into worker processes
+        return state
+
+
+def _dataset_type(root: Path) -> str:
+    path = root / "dataset_type.txt"
+    if not path.exists():
+        return "classification"
+    value = path.read_text(encoding="utf-8").strip().lower()
+    if value not in ("classification", "retrieval", "multilabel"):
+        raise DatasetError(f"{path}: unknown dataset type {value!r} (expected retrieval, multilabel or classification)")
+    return value
+
+
+def available_splits(root: Path) -> list[str]:
+    return sorted(p.parent.name for p in root.glob("*/nshards.txt"))
+
+
+def load_webdataset(name: str, root: Path, split: str, limit: int | None) -> WebDataset:
+    root = Path(root)
+    if not root.is_dir():
+        raise DatasetError(f"dataset {name!r}: directory {root} does not exist")
+    nshards_path = root / split / "nshards.txt"
+    if not nshards_path.exists():
+        splits = available_splits(root)
+        hint = f"available splits: {', '.join(splits)}" if splits else "no split directory with nshards.txt found"
+        raise DatasetError(f"dataset {name!r}: {nshards_path} is missing ({hint})")
+    try:
+        nshards = int(nshards_path.read_text().strip())
+    except ValueError as e:
+        raise DatasetError(f"{nshards_path}: expected an integer number of shards") from e
+    kind = _dataset_type(root)
+    shards = [root / split / f"{i}.tar" for i in range(nshards)]
+    task = "zeroshot_retrieval" if kind == "retrieval" else "zeroshot_classification"
+    ds = WebDataset(name=name, split=split, task=task, multilabel=kind == "multilabel", root=root, shards=shards)
+    labels: list[Any] = []
+    captions: list[list[str]] = []
+    label_ext = {"retrieval": "txt", "multilabel": "npy"}.get(kind, "cls")
+    for shard_id, shard in enumerate(shards):
+        if limit is not None and len(ds.members) >= limit:
+            break
+        if not shard.exists():
+            raise DatasetError(f"dataset {name!r}: shard {shard} is missing ({nshards_path} says {nshards} shards)")
+        _index_shard(ds, shard_id, shard, label_ext, labels, captions, limit)
+    if kind == "retrieval":
+        ds.captions = captions
+    else:
+        ds.labels = np.stack(labels).astype(np.uint8) if kind == "multilabel" else np.asarray(labels, dtype=np.int64)
+        ds.prompts = _read_prompts(root, name)
+        _check_labels(ds, name)
+    return ds
+
+
+def _index_shard(ds: WebDataset, shard_id: int, shard: Path, label_ext: str, labels: list, captions: list,
+                 limit: int | None) -> None:
+    samples: dict[str, dict[str, Any]] = {}
+    order: list[str] = []
+    try:
+        with tarfile.open(shard, mode="r:") as tar:
+            for info in tar:
+                if not info.isfile():
+                    continue
+                key, ext = split_key(info.name)
+                if key not in samples:
+                    if limit is not None and len(ds.members) + len(order) >= limit:
+                        break
+                    samples[key] = {}
+                    order.append(key)
+                if ext in IMAGE_EXTENSIONS:
+                    samples[key]["image"] = _Member(shard_id, info.name, info.offset_data, info.size)
+                elif ext == label_ext:
+                    samples[key]["label"] = tar.extractfile(info).read()
+    except (tarfile.TarError, OSError) as e:
+        raise DatasetError(f"shard {shard} is not a readable tar file: {e}") from e
+    for key in order:
+        sample = samples[key]
+        missing = [what for what in ("image", "label") if what not in sample]
+        if missing:
+            wanted = f"a .{label_ext} member" if "label" in missing else "an image member (.webp/.png/.jpg/.jpeg)"
+            raise DatasetError(f"shard {shard}: sample {key!r} has no {wanted}")
+        ds.members.append(sample["image"])
+        raw = sample["label"]
+        where = f"{shard} member {key}.{label_ext}"
+        if label_ext == "txt":
+            captions.append(raw.decode("utf-8").splitlines())  # as clip_benchmark: one caption per line
+        elif label_ext == "cls":
+            try:
+                labels.append(int(raw.decode("utf-8").strip()))
+            except ValueError as e:
+                raise DatasetError(f"{where}: class label is not an integer") from e
+        else:
+            try:
+                labels.append(np.load(io.BytesIO(raw)).reshape(-1))
+            except ValueError as e:
+                raise DatasetError(f"{where}: not a .npy multi-hot vector") from e
+
+
+def _read_prompts(root: Path, name: str) -> ClassPrompts:
+    classnames_path = root / "classnames.txt"
+    templates_path = root / "zeroshot_classification_templates.txt"
+    for path in (classnames_path, templates_path):
+        if not path.exists():
+            raise DatasetError(f"dataset {name!r}: {path} is missing (needed for zero-shot classification)")
+    templates = [t for t in read_lines(templates_path) if t]
+    bad = [t for t in templates if "{c}" not in t]
+    if bad:
+        raise DatasetError(f"{templates_path}: template {bad[0]!r} has no {{c}} placeholder")
+    return ClassPrompts(read_lines(classnames_path), templates, "en", os.fspath(root))
+
+
+def _check_labels(ds: WebDataset, name: str) -> None:
+    n_classes = len(ds.prompts.classnames)
+    if ds.multilabel:
+        if len(ds.labels) and ds.labels.shape[1] != n_classes:
+            raise DatasetError(f"dataset {name!r}: multi-hot labels have {ds.labels.shape[1]} classes, "
+                               f"classnames.txt has {n_classes}")
+        return
+    bad = np.flatnonzero((ds.labels < 0) | (ds.labels >= n_classes))
+    if len(bad):
+        raise DatasetError(f"dataset {name!r}: {ds.describe(int(bad[0]))} has label {int(ds.labels[bad[0]])}, "
+                           f"outside the {n_classes} classes of classnames.txt")

@@ -1,0 +1,57 @@
+"""The one interface the encode stage needs from any image-text model."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from tasks.encode.models.devices import autocast
+
+
+class EmbeddingModel(ABC):
+    """A loaded model: preprocessing, tokenisation and L2-normalised float32 embeddings."""
+
+    def __init__(self, module: torch.nn.Module, device: torch.device, amp: bool):
+        self.module = module.to(device).eval()
+        self.device = device
+        self.amp = amp
+
+    @abstractmethod
+    def image_transform(self, image: Image.Image) -> torch.Tensor:
+        """PIL image -> (3, H, W) tensor; must be picklable (it runs in DataLoader workers)."""
+
+    @abstractmethod
+    def tokenize(self, texts: list[str]) -> Any:
+        """Texts -> whatever ``_encode_text`` takes (a tensor or a dict of tensors), on the CPU."""
+
+    @abstractmethod
+    def _encode_image(self, pixels: torch.Tensor) -> torch.Tensor: ...
+
+    @abstractmethod
+    def _encode_text(self, tokens: Any) -> torch.Tensor: ...
+
+    def _to_device(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.to(self.device, non_blocking=True)
+        return {k: v.to(self.device, non_blocking=True) for k, v in value.items()}
+
+    def encode_images(self, pixels: torch.Tensor) -> np.ndarray:
+        # Same operations as clip_benchmark: encode under autocast (if any), F.normalize, then float32.
+        with torch.inference_mode(), autocast(self.device, self.amp):
+            features = F.normalize(self._encode_image(self._to_device(pixels)), dim=-1)
+        return features.float().cpu().numpy()
+
+    def encode_texts(self, texts: list[str]) -> np.ndarray:
+        with torch.inference_mode(), autocast(self.device, self.amp):
+            features = F.normalize(self._encode_text(self._to_device(self.tokenize(texts))), dim=-1)
+        return features.float().cpu().numpy()
+
+
+def pooled(output: Any) -> torch.Tensor:
+    """transformers 5 returns model outputs from ``get_*_features``; earlier versions returned the tensor."""
+    return output if isinstance(output, torch.Tensor) else output.pooler_output

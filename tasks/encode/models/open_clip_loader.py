@@ -1,0 +1,38 @@
+"""open_clip models: architecture + pretrained tag or checkpoint file, ``local-dir:`` and ``hf-hub:`` names."""
+
+from __future__ import annotations
+
+import torch
+from PIL import Image
+
+from storage.errors import ModelError
+from tasks.encode.models.base import EmbeddingModel
+
+
+class OpenClipModel(EmbeddingModel):
+    def __init__(self, name: str, pretrained: str | None, device: torch.device, amp: bool, cache_dir: str | None):
+        import open_clip
+
+        if pretrained is None and not name.startswith(("local-dir:", "hf-hub:")):
+            torch.manual_seed(0)  # random weights must be reproducible: they are part of the cache key
+        try:
+            module, _, transform = open_clip.create_model_and_transforms(
+                name, pretrained=pretrained, cache_dir=cache_dir, device="cpu")
+            self.tokenizer = open_clip.get_tokenizer(name, cache_dir=cache_dir)
+        except Exception as e:  # open_clip raises RuntimeError/ValueError/OSError/HTTP errors for the same problem
+            raise ModelError(f"could not load open_clip model {name!r} (pretrained={pretrained!r}): "
+                             f"{type(e).__name__}: {e}") from e
+        self.transform = transform
+        super().__init__(module, device, amp)
+
+    def image_transform(self, image: Image.Image) -> torch.Tensor:
+        return self.transform(image)
+
+    def tokenize(self, texts: list[str]) -> torch.Tensor:
+        return self.tokenizer(texts)
+
+    def _encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.module.encode_image(pixels)
+
+    def _encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.module.encode_text(tokens)

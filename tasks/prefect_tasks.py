@@ -1,0 +1,36 @@
+"""Thin Prefect task wrappers around the plain stage functions (the only place in tasks/ that imports Prefect).
+
+Our own cache decides what is recomputed, so Prefect's input caching is off (NO_CACHE): hashing a model session or a
+dataset index would cost time and mean nothing. Retries stay off too: nothing here is transient (bad files stay bad).
+"""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks import evaluation, results
+
+select_task = task(evaluation.select_task, name="select-task", cache_policy=NO_CACHE)
+encode = task(evaluation.encode_dataset, name="encode", cache_policy=NO_CACHE)
+score = task(evaluation.score_dataset, name="score", cache_policy=NO_CACHE)
+write_results = task(results.write_pair_results, name="write-results", cache_policy=NO_CACHE)
+
+
+@task(name="open-dataset", cache_policy=NO_CACHE)
+def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | None):
+    from tasks.encode.datasets import open_dataset as _open
+
+    return _open(name, dataset_root, split, limit)
+
+
+@task(name="prepare-model", cache_policy=NO_CACHE)
+def prepare_model(spec, memo, device: str, amp: bool, model_cache_dir: str | None):
+    from tasks.encode.models.devices import precision_name, resolve_device
+    from tasks.encode.models.resolve import resolve_model
+    from tasks.encode.stage import ModelSession
+
+    resolved = resolve_model(spec, memo, model_cache_dir)
+    memo.save()
+    torch_device = resolve_device(device)
+    return ModelSession(resolved, torch_device, amp, precision_name(torch_device, amp), model_cache_dir)

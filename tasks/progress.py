@@ -1,0 +1,36 @@
+"""Rich progress bars with items/s, shared by the stages (a no-op when output is not wanted)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from collections.abc import Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import TaskProgressColumn
+from rich.text import Text
+
+
+class RateColumn(TaskProgressColumn):
+    def render(self, task) -> Text:  # type: ignore[override]
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:,.0f} {task.fields.get('unit', 'it')}/s" if speed else "", style="progress.data.speed")
+
+
+class StageProgress:
+    """One bar per unit of work; ``track(description, total, unit)`` yields an ``advance(n)`` function."""
+
+    def __init__(self, console: Console | None = None, enabled: bool = True):
+        self.enabled = enabled
+        self.console = console or Console(stderr=True)
+
+    @contextmanager
+    def track(self, description: str, total: int, unit: str = "it") -> Iterator:
+        if not self.enabled:
+            yield lambda n=1: None
+            return
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), RateColumn(),
+                   TimeElapsedColumn(), TimeRemainingColumn()]
+        with Progress(*columns, console=self.console, transient=False) as progress:
+            task = progress.add_task(description, total=total, unit=unit)
+            yield lambda n=1: progress.advance(task, n)

@@ -1,0 +1,45 @@
+"""Catalog of the metrics we report: flat names (as clip_benchmark/evalscope JSON writes them) <-> long format.
+
+Long format keeps ``k`` as its own column: ``acc5`` -> (``acc``, 5); ``image_retrieval_recall@10`` ->
+(``image_retrieval_recall``, 10). Every metric declares its direction.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    name: str
+    higher_is_better: bool
+    has_k: bool
+    definition: str
+
+
+METRICS: dict[str, MetricInfo] = {m.name: m for m in [
+    MetricInfo("acc", True, True, "fraction of samples whose true class is among the k highest logits"),
+    MetricInfo("mean_per_class_recall", True, False, "mean over classes present in the targets of per-class recall "
+                                                     "of the argmax (balanced accuracy)"),
+    MetricInfo("mean_average_precision", True, False, "mean over classes of average precision (multilabel)"),
+    MetricInfo("image_retrieval_recall", True, True, "text->image: fraction of captions whose image is in the top k"),
+    MetricInfo("text_retrieval_recall", True, True, "image->text: fraction of images with any caption in the top k"),
+]}
+
+_AT_K = re.compile(r"^(?P<metric>[a-z_]+)@(?P<k>\d+)$")
+_ACC_K = re.compile(r"^acc(?P<k>\d+)$")
+
+
+def split_metric_name(flat: str) -> tuple[MetricInfo, int | None]:
+    if m := _ACC_K.match(flat):
+        return METRICS["acc"], int(m["k"])
+    if m := _AT_K.match(flat):
+        return METRICS[m["metric"]], int(m["k"])
+    return METRICS[flat], None
+
+
+def flat_metric_name(metric: str, k: int | None) -> str:
+    if k is None:
+        return metric
+    return f"acc{k}" if metric == "acc" else f"{metric}@{k}"

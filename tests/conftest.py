@@ -1,0 +1,132 @@
+"""Shared fixtures: real data in real formats, real tiny models, one Prefect test server per session.
+
+No test talks to any host but 127.0.0.1: hub clients are forced offline and pointed at a closed local port.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# Before anything imports huggingface_hub / modelscope / prefect.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+os.environ["MODELSCOPE_DOMAIN"] = "127.0.0.1:9"
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["DO_NOT_TRACK"] = "1"
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "CRITICAL")
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_MODEL = REPO / "tasks" / "encode" / "models" / "assets" / "tiny-shapes-clip"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _prefect_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("prefect-home")
+    os.environ["PREFECT_HOME"] = str(home)
+    yield home
+
+
+@pytest.fixture(scope="session")
+def prefect_server(_prefect_home):
+    """A real Prefect API (SQLite, in-process) shared by every test that runs a flow in this process."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+def image_bytes(image, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    options = {"webp": {"format": "WEBP", "lossless": True}, "png": {"format": "PNG"},
+               "jpg": {"format": "JPEG", "quality": 95}, "jpeg": {"format": "JPEG", "quality": 95}}[fmt]
+    image.save(buf, **options)
+    return buf.getvalue()
+
+
+def write_wds(root: Path, kind: str, n: int, shards: int = 2, split: str = "test", fmt: str = "webp",
+              n_classes: int = 30, seed: int = 0) -> Path:
+    """A dataset in the hosted clip_benchmark webdataset layout, written with the real ``webdataset`` library.
+
+    Images are shapes test images; ``kind``: classification (``.cls``), retrieval (``.txt``, 1-3 captions),
+    multilabel (``.npy`` multi-hot).
+    """
+    import webdataset as wds
+
+    from tasks.encode.datasets import shapes
+
+    retrieval = kind == "retrieval"
+    ds = shapes.load_shapes("fixture", "zeroshot_retrieval" if retrieval else "zeroshot_classification", "test", n)
+    (root / split).mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    per_shard = -(-n // shards)
+    for s in range(shards):
+        with wds.TarWriter(str(root / split / f"{s}.tar")) as sink:
+            for i in range(s * per_shard, min(n, (s + 1) * per_shard)):
+                sample = {"__key__": f"s{i:06d}", fmt: image_bytes(ds.load_image(i), fmt)}
+                if retrieval:
+                    sample["txt"] = "\n".join(ds.captions[i])
+                elif kind == "multilabel":
+                    hot = (rng.random(n_classes) < 0.2).astype(np.uint8)
+                    hot[int(ds.labels[i]) % n_classes] = 1
+                    buf = io.BytesIO()
+                    np.save(buf, hot)
+                    sample["npy"] = buf.getvalue()
+                else:
+                    sample["cls"] = str(int(ds.labels[i]) % n_classes)
+                sink.write(sample)
+    (root / split / "nshards.txt").write_text(f"{shards}\n")
+    if retrieval:
+        (root / "dataset_type.txt").write_text("retrieval\n")
+    else:
+        if kind == "multilabel":
+            (root / "dataset_type.txt").write_text("multilabel\n")
+        names = shapes.CLASSNAMES[:n_classes]
+        (root / "classnames.txt").write_text("\n".join(names) + "\n")
+        (root / "zeroshot_classification_templates.txt").write_text("\n".join(shapes.TEMPLATES) + "\n")
+    return root
+
+
+def write_image_queries(root: Path, n: int = 12, relative_to: str = "file") -> Path:
+    """evalscope's custom retrieval layout: images on disk + image_queries.jsonl."""
+    from tasks.encode.datasets import shapes
+
+    ds = shapes.load_shapes("fixture", "zeroshot_retrieval", "test", n)
+    images = root / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    data_dir = root / "text-image-retrieval"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(n):
+        path = images / f"img{i}.png"
+        ds.load_image(i).save(path)
+        ref = os.path.relpath(path, data_dir) if relative_to == "file" else str(path)
+        lines.append(json.dumps({"image_path": ref, "query": ds.captions[i]}))
+    (data_dir / "image_queries.jsonl").write_text("\n".join(lines) + "\n")
+    return data_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    assert (TINY_MODEL / "open_clip_config.json").exists(), "bundled model missing; run scripts/train_tiny_model.py"
+    return TINY_MODEL
+
+
+@pytest.fixture(scope="session")
+def wds_classification(tmp_path_factory) -> Path:
+    return write_wds(tmp_path_factory.mktemp("wds") / "shapes_cls", "classification", 90, shards=3)
+
+
+@pytest.fixture(scope="session")
+def wds_retrieval(tmp_path_factory) -> Path:
+    return write_wds(tmp_path_factory.mktemp("wds") / "shapes_ret", "retrieval", 60, shards=2, fmt="png")
+
+
+@pytest.fixture(scope="session")
+def wds_multilabel(tmp_path_factory) -> Path:
+    return write_wds(tmp_path_factory.mktemp("wds") / "shapes_ml", "multilabel", 40, shards=1, fmt="jpg")
