@@ -17,6 +17,7 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["MODELSCOPE_DOMAIN"] = "127.0.0.1:9"
+os.environ["MODELSCOPE_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "CRITICAL")

@@ -7,12 +7,15 @@ once per :class:`ModelSession`, and only when some entry is missing from the cac
 from __future__ import annotations
 
 import logging
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
 
 from storage.embedding_store import AuxSpec, EmbeddingRef, EmbeddingStore, entry_key
 from storage.errors import DatasetError
@@ -69,31 +72,61 @@ def prompt_key_fields(session: ModelSession, prompts: list[str]) -> dict:
             "prompts": digest(prompts), "count": len(prompts)}
 
 
-class _ImageItems(Dataset):
-    """Decodes and transforms images by position; a bad image is reported back, not raised, so the main process
-    decides (error or skip) with a clean message instead of a worker traceback."""
-
-    def __init__(self, dataset: EvalDataset, transform: Any, start: int):
-        self.dataset, self.transform, self.start = dataset, transform, start
-
-    def __len__(self) -> int:
-        return len(self.dataset) - self.start
-
-    def __getitem__(self, j: int) -> tuple[int, torch.Tensor | None, str | None]:
-        i = self.start + j
-        try:
-            return i, self.transform(self.dataset.load_image(i)), None
-        except DatasetError as e:
-            return i, None, str(e)
+def _load_item(dataset: EvalDataset, transform: Any, index: int) -> tuple[int, torch.Tensor | None, str | None]:
+    """Decode and transform one image; a bad image is reported back, not raised, so the caller decides (error or
+    skip) and the message names the file instead of being buried in a worker traceback."""
+    try:
+        return index, transform(dataset.load_image(index)), None
+    except DatasetError as e:
+        return index, None, str(e)
 
 
-def _collate(batch: list[tuple[int, torch.Tensor | None, str | None]]):
-    ok = [(i, t) for i, t, err in batch if err is None]
-    errors = [(i, err) for i, _, err in batch if err is not None]
+def _collate(items: list[tuple[int, torch.Tensor | None, str | None]]) -> ImageBatch:
+    ok = [(i, t) for i, t, err in items if err is None]
+    errors = [(i, err) for i, _, err in items if err is not None]
     indices = np.array([i for i, _ in ok], dtype=np.int64)
-    pixels = torch.stack([t for _, t in ok]) if ok else None
-    last = max(i for i, _, _ in batch)
-    return indices, pixels, errors, last
+    return ImageBatch(indices, torch.stack([t for _, t in ok]) if ok else None, errors)
+
+
+@dataclass
+class ImageBatch:
+    indices: np.ndarray  # dataset positions of the decoded images, in order
+    pixels: torch.Tensor | None
+    errors: list[tuple[int, str]]
+
+    @property
+    def size(self) -> int:
+        return len(self.indices) + len(self.errors)
+
+
+def iter_image_batches(dataset: EvalDataset, transform: Any, start: int, batch_size: int,
+                       num_workers: int) -> Iterator[ImageBatch]:
+    """Batches of decoded images from position ``start`` on, always in dataset order.
+
+    ``num_workers`` threads decode batches ahead of the model. Threads rather than DataLoader processes: PIL and
+    torchvision release the GIL while decoding and resizing, threads start instantly (a process pool costs seconds
+    per run), nothing needs pickling, and forking a process that runs Prefect's threads kills the children (seen
+    here: workers exited with code 1 inside a flow run).
+    """
+    ranges = (range(lo, min(lo + batch_size, len(dataset))) for lo in range(start, len(dataset), batch_size))
+
+    def load(batch: range) -> ImageBatch:
+        return _collate([_load_item(dataset, transform, i) for i in batch])
+
+    if num_workers <= 0:
+        yield from map(load, ranges)
+        return
+    pool = ThreadPoolExecutor(num_workers, thread_name_prefix="clipcache-decode")
+    try:
+        pending = deque(pool.submit(load, b) for b in islice(ranges, 2 * num_workers))
+        while pending:
+            batch = pending.popleft().result()
+            following = next(ranges, None)
+            if following is not None:
+                pending.append(pool.submit(load, following))
+            yield batch
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingStore, key_fields: dict,
@@ -109,24 +142,20 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
             return EncodeOutcome(store.open(key, key_fields).ref(), cache_hit=True)
         model = session.model
         start = writer.start_position
-        items = _ImageItems(dataset, model.image_transform, start)
-        # More workers than batches would only idle; never more than the samples left (clip_benchmark fails there).
-        workers = max(0, min(num_workers, len(items)))
-        loader = DataLoader(items, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=_collate,
-                            persistent_workers=False)
+        batches = iter_image_batches(dataset, model.image_transform, start, batch_size, num_workers)
         encoded = 0
         with progress.track(f"encode images  {dataset.name}", len(dataset), "img") as advance:
             advance(start)
-            for indices, pixels, errors, last in loader:
-                if errors and on_bad_image == "error":
-                    raise DatasetError(f"{errors[0][1]} (use --on_bad_image skip to skip such images)")
-                for _, message in errors:
+            for batch in batches:
+                if batch.errors and on_bad_image == "error":
+                    raise DatasetError(f"{batch.errors[0][1]} (use --on_bad_image skip to skip such images)")
+                for _, message in batch.errors:
                     log.warning("skipping: %s", message)
-                if pixels is not None:
-                    extra = {"target": dataset.labels[indices]} if "target" in aux else {}
-                    writer.add(model.encode_images(pixels), indices, **extra)
-                    encoded += len(indices)
-                advance(len(indices) + len(errors))
+                if batch.pixels is not None:
+                    extra = {"target": dataset.labels[batch.indices]} if "target" in aux else {}
+                    writer.add(model.encode_images(batch.pixels), batch.indices, **extra)
+                    encoded += len(batch.indices)
+                advance(batch.size)
         ref = writer.finish(meta={"dataset": dataset.name, "split": dataset.split, "n_samples": len(dataset),
                                   "n_skipped": len(dataset) - writer.rows_committed})
     return EncodeOutcome(ref, cache_hit=False, resumed=start > 0, encoded=encoded)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from storage.hashing import FileHashMemo
 from tasks.encode.datasets.base import ClassPrompts, EvalDataset
 
 IMAGE_EXTENSIONS = ("webp", "png", "jpg", "jpeg")
+_OPEN_LOCK = threading.Lock()
 
 
 def split_key(member_name: str) -> tuple[str, str]:
@@ -55,7 +57,7 @@ class WebDataset(EvalDataset):
     root: Path = Path(".")
     shards: list[Path] = field(default_factory=list)
     members: list[_Member] = field(default_factory=list)
-    _handles: dict[int, Any] = field(default_factory=dict, repr=False)
+    _handles: dict[int, int] = field(default_factory=dict, repr=False)  # shard -> OS file descriptor
 
     def __len__(self) -> int:
         return len(self.members)
@@ -74,17 +76,26 @@ class WebDataset(EvalDataset):
         return f"{self.shards[m.shard]} member {m.name}"
 
     def read_image_bytes(self, index: int) -> bytes:
+        # os.pread reads at an offset without moving a shared file position: safe from several decode threads.
         m = self.members[index]
-        handle = self._handles.get(m.shard)
-        if handle is None:
-            handle = self._handles[m.shard] = open(self.shards[m.shard], "rb")  # noqa: SIM115 - kept open per worker
-        handle.seek(m.offset)
-        return handle.read(m.size)
+        fd = self._handles.get(m.shard)
+        if fd is None:
+            with _OPEN_LOCK:
+                fd = self._handles.get(m.shard)
+                if fd is None:
+                    fd = self._handles[m.shard] = os.open(self.shards[m.shard], os.O_RDONLY)
+        data = os.pread(fd, m.size, m.offset)
+        if len(data) != m.size:
+            raise DatasetError(f"{self.describe(index)}: shard ends before the member does (truncated file?)")
+        return data
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_handles"] = {}  # file handles do not cross into worker processes
-        return state
+    def close(self) -> None:
+        for fd in self._handles.values():
+            os.close(fd)
+        self._handles.clear()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def _dataset_type(root: Path) -> str:

@@ -114,10 +114,15 @@ def _resolve_hf(source: str, spec: ModelSpec, memo: FileHashMemo) -> ResolvedMod
 
 
 def _modelscope_snapshot(model_id: str, revision: str | None, cache_dir: str | None) -> Path:
+    """Download (or reuse the local copy of) a ModelScope model repo. ``MODELSCOPE_ENDPOINT`` (a full URL) points
+    it at a mirror."""
+    import os
+
     try:
         from modelscope import snapshot_download
 
-        return Path(snapshot_download(model_id, revision=revision, cache_dir=cache_dir))
+        return Path(snapshot_download(model_id, revision=revision, cache_dir=cache_dir,
+                                      endpoint=os.environ.get("MODELSCOPE_ENDPOINT")))
     except Exception as e:  # modelscope raises many types for network / missing repo problems
         raise ModelError(f"could not fetch {model_id!r} from ModelScope: {type(e).__name__}: {e}") from e
 

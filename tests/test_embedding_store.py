@@ -1,0 +1,98 @@
+"""The Zarr embedding store: round trip, key verification, checksums, atomic publish and resume."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import zarr
+
+from storage.embedding_store import CHUNK_ROWS, AuxSpec, EmbeddingStore, entry_key
+from storage.errors import CacheIntegrityError
+
+FIELDS = {"role": "image", "model": {"name": "m"}, "dataset": {"content": "abc"}, "split": "test", "limit": None}
+
+
+def write(store, fields, data, positions=None, batch=1000, fail_after=None, aux=None):
+    positions = np.arange(len(data)) if positions is None else positions
+    with store.writer(fields, "image", capacity=len(data), aux={"target": AuxSpec("int64")} if aux is not None else
+                      None) as w:
+        start = int(np.searchsorted(positions, w.start_position))
+        for lo in range(start, len(data), batch):
+            if fail_after is not None and lo >= fail_after:
+                raise KeyboardInterrupt("simulated crash")
+            extra = {"target": aux[lo:lo + batch]} if aux is not None else {}
+            w.add(data[lo:lo + batch], positions[lo:lo + batch], **extra)
+        return w.finish(meta={"note": "x"}), w
+
+
+def test_round_trip_across_chunk_boundaries(tmp_path):
+    store = EmbeddingStore(tmp_path)
+    data = np.random.default_rng(0).normal(size=(2 * CHUNK_ROWS + 123, 8)).astype(np.float32)
+    targets = np.arange(len(data)) % 7
+    ref, _ = write(store, FIELDS, data, aux=targets)
+    entry = store.open(ref.key, FIELDS)
+    np.testing.assert_array_equal(entry.embeddings(), data)
+    np.testing.assert_array_equal(entry.array("target"), targets)
+    np.testing.assert_array_equal(entry.array("position"), np.arange(len(data)))
+    assert (entry.count, entry.dim, entry.meta) == (len(data), 8, {"note": "x"})
+    assert len(entry.attrs["chunk_sha256"]) == 3
+    assert ref.key == entry_key(FIELDS) and store.has(ref.key)
+
+
+def test_every_key_field_changes_the_key():
+    base = entry_key(FIELDS)
+    for field, value in [("role", "caption"), ("model", {"name": "m2"}), ("dataset", {"content": "abd"}),
+                         ("split", "train"), ("limit", 10)]:
+        assert entry_key({**FIELDS, field: value}) != base
+    assert entry_key(dict(reversed(list(FIELDS.items())))) == base  # order does not matter
+
+
+def test_stored_key_is_verified_on_read(tmp_path):
+    store = EmbeddingStore(tmp_path)
+    ref, _ = write(store, FIELDS, np.ones((10, 4), np.float32))
+    with pytest.raises(CacheIntegrityError, match="different inputs"):
+        store.open(ref.key, {**FIELDS, "split": "train"})
+    # Tamper with the stored key fields: the digest no longer matches the entry name.
+    group = zarr.open_group(str(store.entry_path(ref.key)), mode="r+")
+    group.attrs["key_fields"] = {**FIELDS, "split": "other"}
+    with pytest.raises(CacheIntegrityError, match="stored key mismatch"):
+        store.open(ref.key)
+
+
+def test_corrupted_chunk_is_detected(tmp_path):
+    store = EmbeddingStore(tmp_path)
+    data = np.random.default_rng(1).normal(size=(CHUNK_ROWS + 5, 4)).astype(np.float32)
+    ref, _ = write(store, FIELDS, data)
+    arr = zarr.open_array(str(store.entry_path(ref.key) / "embeddings"), mode="r+")
+    arr[CHUNK_ROWS + 1, 2] = 42.0  # silently change one value in chunk 1
+    with pytest.raises(CacheIntegrityError, match="chunk 1"):
+        store.open(ref.key).embeddings()
+
+
+def test_interrupted_write_is_invisible_then_resumes_bit_identical(tmp_path):
+    store = EmbeddingStore(tmp_path)
+    data = np.random.default_rng(2).normal(size=(3 * CHUNK_ROWS + 10, 6)).astype(np.float32)
+    with pytest.raises(KeyboardInterrupt):
+        write(store, FIELDS, data, batch=1000, fail_after=6000)
+    key = entry_key(FIELDS)
+    assert not store.has(key) and store.partial_path(key).exists()
+    with pytest.raises(CacheIntegrityError):
+        store.open(key)
+    progress = json.loads((store.partial_path(key) / "progress.json").read_text())
+    assert progress["rows"] == CHUNK_ROWS and progress["next_position"] == CHUNK_ROWS
+    ref, writer = write(store, FIELDS, data, batch=1000)
+    assert writer.resumed
+    np.testing.assert_array_equal(store.open(ref.key).embeddings(), data)
+    clean = EmbeddingStore(tmp_path / "clean")
+    ref2, _ = write(clean, FIELDS, data)
+    assert store.open(ref.key).attrs["chunk_sha256"] == clean.open(ref2.key).attrs["chunk_sha256"]
+
+
+def test_skipped_positions_are_recorded(tmp_path):
+    store = EmbeddingStore(tmp_path)
+    data = np.ones((5, 3), np.float32)
+    positions = np.array([0, 1, 3, 4, 7])
+    ref, _ = write(store, FIELDS, data, positions=positions)
+    assert store.open(ref.key).array("position").tolist() == [0, 1, 3, 4, 7]
