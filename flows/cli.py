@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except ClipcacheError as e:
-        console.print(f"[bold red]error:[/] {_escape(str(e))}", highlight=False)
+        console.print(f"[bold red]error:[/] {_escape(str(e))}", highlight=False, soft_wrap=True)
         return e.exit_code
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: finished chunks are cached; run the same command again to continue")

@@ -16,7 +16,7 @@ def format_value(value: float | None) -> str:
 
 def cache_state(result) -> str:
     if result.status == "skipped":
-        return "skipped: result exists"
+        return "skipped"  # its result file exists (--skip_existing)
     if result.cache_hit:
         return "cache hit"
     return "resumed" if result.resumed else "encoded"

@@ -102,4 +102,8 @@ def score_dataset(store: EmbeddingStore, encoded: EncodedDataset, recall_k: list
                                           encoded.n_templates)
     else:
         metrics, n = score_retrieval(store, encoded.images.ref, encoded.texts.ref, recall_k)
+    image_entry = store.open(encoded.images.ref.key)
+    skipped = int(image_entry.meta.get("n_samples", image_entry.count)) - image_entry.count
+    if skipped:  # only possible with --on_bad_image skip; recorded so the numbers are read with that in mind
+        metrics["skipped_images"] = float(skipped)
     return Scored(metrics, n, time.perf_counter() - started)

@@ -156,8 +156,8 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
                     writer.add(model.encode_images(batch.pixels), batch.indices, **extra)
                     encoded += len(batch.indices)
                 advance(batch.size)
-        ref = writer.finish(meta={"dataset": dataset.name, "split": dataset.split, "n_samples": len(dataset),
-                                  "n_skipped": len(dataset) - writer.rows_committed})
+        # Rows written < n_samples exactly when undecodable images were skipped.
+        ref = writer.finish(meta={"dataset": dataset.name, "split": dataset.split, "n_samples": len(dataset)})
     return EncodeOutcome(ref, cache_hit=False, resumed=start > 0, encoded=encoded)
 
 

@@ -25,6 +25,7 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
     MetricInfo("mean_average_precision", True, False, "mean over classes of average precision (multilabel)"),
     MetricInfo("image_retrieval_recall", True, True, "text->image: fraction of captions whose image is in the top k"),
     MetricInfo("text_retrieval_recall", True, True, "image->text: fraction of images with any caption in the top k"),
+    MetricInfo("skipped_images", False, False, "images left out as undecodable (--on_bad_image skip)"),
 ]}
 
 _AT_K = re.compile(r"^(?P<metric>[a-z_]+)@(?P<k>\d+)$")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from storage.errors import DatasetError
 from storage.hashing import FileHashMemo
@@ -73,6 +73,8 @@ class EvalDataset(ABC):
             with Image.open(io.BytesIO(raw)) as img:
                 img.load()
                 return img.convert("RGB")
+        except UnidentifiedImageError as e:
+            raise DatasetError(f"image does not decode: {self.describe(index)} (not a recognisable image)") from e
         except Exception as e:  # PIL raises many types for bad data (OSError, SyntaxError, ValueError...)
             raise DatasetError(f"image does not decode: {self.describe(index)} ({type(e).__name__}: {e})") from e
 

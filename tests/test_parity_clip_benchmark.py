@@ -1,0 +1,86 @@
+"""Same model, same data, fp32: our numbers equal LAION clip_benchmark 1.6.2's, computed by its own code.
+
+clip_benchmark runs exactly as its CLI does for ``--dataset wds/... --no_amp`` (its wds builder, its dataloader, its
+``evaluate`` functions); clipcache runs encode -> Zarr cache -> score. Accuracy and recall are compared for exact
+equality; mAP (float32 sums in a different order) to 1e-6.
+"""
+
+from __future__ import annotations
+
+import math
+
+import open_clip
+import pytest
+import torch
+from clip_benchmark.datasets.builder import build_dataset
+from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
+
+from storage.embedding_store import EmbeddingStore
+from storage.hashing import FileHashMemo
+from tasks.encode.datasets import open_dataset
+from tasks.encode.models.resolve import resolve_model
+from tasks.encode.models.spec import ModelSpec
+from tasks.encode.stage import ModelSession
+from tasks.evaluation import EncodeOptions, encode_dataset, score_dataset, select_task
+from tasks.progress import StageProgress
+
+
+def clip_benchmark_metrics(model_dir, root, task, batch_size=16, recall_k=(1, 5, 10)):
+    name = f"local-dir:{model_dir}"
+    model, _, transform = open_clip.create_model_and_transforms(name)
+    model.eval()
+    tokenizer = open_clip.get_tokenizer(name)
+    ds = build_dataset(dataset_name="wds/fixture", root=str(root), transform=transform, split="test",
+                       download=False, task=task)
+    loader = torch.utils.data.DataLoader(ds.batched(batch_size), batch_size=None, shuffle=False, num_workers=0)
+    if task == "zeroshot_retrieval":
+        return zeroshot_retrieval.evaluate(model, loader, tokenizer, "cpu", amp=False, recall_k_list=list(recall_k))
+    return zeroshot_classification.evaluate(model, loader, tokenizer, ds.classes, ds.templates, "cpu", amp=False)
+
+
+def clipcache_metrics(tmp_path, root, batch_size=16, recall_k=(1, 5, 10), num_workers=2):
+    memo = FileHashMemo(None)
+    resolved = resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo)
+    session = ModelSession(resolved, torch.device("cpu"), amp=False, precision="fp32")
+    ds = open_dataset("wds/fixture", str(root), "test", None)
+    store = EmbeddingStore(tmp_path / "cache")
+    encoded = encode_dataset(session, ds, select_task(ds, "auto"), store, memo,
+                             EncodeOptions(batch_size, num_workers), StageProgress(enabled=False))
+    return score_dataset(store, encoded, list(recall_k)).metrics
+
+
+def assert_same(ours, theirs, tolerance=0.0):
+    assert ours.keys() == theirs.keys()
+    for key, value in theirs.items():
+        if isinstance(value, float) and math.isnan(value):
+            assert math.isnan(ours[key]), key
+        elif tolerance:
+            assert ours[key] == pytest.approx(value, abs=tolerance), key
+        else:
+            assert ours[key] == value, key
+
+
+@pytest.mark.slow
+def test_classification_30_classes(tmp_path, tiny_model_dir, wds_classification):
+    theirs = clip_benchmark_metrics(tiny_model_dir, wds_classification, "zeroshot_classification")
+    assert_same(clipcache_metrics(tmp_path, wds_classification), theirs)
+    assert theirs["acc1"] > 0.3  # a trained model, far above chance (1/30)
+
+
+def test_classification_below_five_classes(tmp_path, tiny_model_dir):
+    from conftest import write_wds
+
+    root = write_wds(tmp_path / "four", "classification", 24, shards=2, n_classes=4)
+    theirs = clip_benchmark_metrics(tiny_model_dir, root, "zeroshot_classification")
+    assert math.isnan(theirs["acc5"])
+    assert_same(clipcache_metrics(tmp_path, root), theirs)
+
+
+def test_retrieval_with_several_captions_per_image(tmp_path, tiny_model_dir, wds_retrieval):
+    theirs = clip_benchmark_metrics(tiny_model_dir, wds_retrieval, "zeroshot_retrieval")
+    assert_same(clipcache_metrics(tmp_path, wds_retrieval), theirs)
+
+
+def test_multilabel_mean_average_precision(tmp_path, tiny_model_dir, wds_multilabel):
+    theirs = clip_benchmark_metrics(tiny_model_dir, wds_multilabel, "zeroshot_classification")
+    assert_same(clipcache_metrics(tmp_path, wds_multilabel), theirs, tolerance=1e-6)
