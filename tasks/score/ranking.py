@@ -29,10 +29,24 @@ def rank_of_positive_in_row(scores: np.ndarray, positive: np.ndarray) -> np.ndar
     """Ranks of one positive per row: ``scores`` (q, n), ``positive`` (q,) column indices."""
     rows = np.arange(len(scores))
     pos_scores = scores[rows, positive][:, None]
-    higher = (scores > pos_scores).sum(axis=1)
-    cols = np.arange(scores.shape[1])[None, :]
-    tied_before = ((scores == pos_scores) & (cols < positive[:, None])).sum(axis=1)
-    return (higher + tied_before).astype(np.int64)
+    higher = np.count_nonzero(scores > pos_scores, axis=1)
+    # Exact ties are rare in fp32: find the rows that have any (besides the positive itself), count only there.
+    tied = np.count_nonzero(scores == pos_scores, axis=1) > 1
+    if tied.any():
+        t = np.flatnonzero(tied)
+        cols = np.arange(scores.shape[1])[None, :]
+        higher[t] += np.count_nonzero((scores[t] == pos_scores[t]) & (cols < positive[t, None]), axis=1)
+    return higher.astype(np.int64)
+
+
+def best_positive(scores: np.ndarray, positives: list[np.ndarray]) -> np.ndarray:
+    """Per row, the positive column that comes first in the ranking (highest score, then lowest index)."""
+    counts = np.fromiter((len(p) for p in positives), dtype=np.int64, count=len(positives))
+    row_of = np.repeat(np.arange(len(positives)), counts)
+    cols = np.concatenate(positives).astype(np.int64)
+    order = np.lexsort((cols, -scores[row_of, cols], row_of))  # by row, then score desc, then column asc
+    first = np.r_[0, np.cumsum(counts)[:-1]]
+    return cols[order][first]
 
 
 def best_positive_rank(
@@ -44,7 +58,8 @@ def best_positive_rank(
     """For each query, the best (smallest) rank among its positive candidates.
 
     ``positives`` is either an int array (one positive per query) or a list of int arrays (several per query; each
-    must be non-empty). Scores are ``queries @ candidates.T`` computed in float32.
+    must be non-empty). Scores are ``queries @ candidates.T`` computed in float32. With several positives the best
+    one is the one ranked first, so one rank computation per query suffices.
     """
     n_q = len(queries)
     ranks = np.empty(n_q, dtype=np.int64)
@@ -54,20 +69,6 @@ def best_positive_rank(
     for start in range(0, n_q, block):
         stop = min(start + block, n_q)
         scores = queries[start:stop] @ cand_t
-        if single:
-            ranks[start:stop] = rank_of_positive_in_row(scores, positives[start:stop])
-            continue
-        # Several positives per query: expand each row once per positive, keep the best rank.
-        group = positives[start:stop]
-        counts = np.fromiter((len(p) for p in group), dtype=np.int64, count=len(group))
-        row_of = np.repeat(np.arange(stop - start), counts)
-        cols = np.concatenate(group)
-        best = np.full(stop - start, np.iinfo(np.int64).max, dtype=np.int64)
-        # Expanding every positive at once could exceed the budget; walk the expansion in row-sized slices.
-        step = block
-        for s in range(0, len(cols), step):
-            r = row_of[s : s + step]
-            rk = rank_of_positive_in_row(scores[r], cols[s : s + step])
-            np.minimum.at(best, r, rk)
-        ranks[start:stop] = best
+        chosen = positives[start:stop] if single else best_positive(scores, positives[start:stop])
+        ranks[start:stop] = rank_of_positive_in_row(scores, chosen)
     return ranks
