@@ -24,6 +24,7 @@ demo: $(STAMP)
 	$(VENV)/bin/clipcache eval --model tiny-shapes-clip --dataset shapes shapes_retrieval --output_dir outputs --cache_dir cache
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest
 
 lint: $(STAMP)

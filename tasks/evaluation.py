@@ -11,8 +11,15 @@ from storage.embedding_store import EmbeddingStore
 from storage.errors import ConfigError, DatasetError
 from storage.hashing import FileHashMemo
 from tasks.encode.datasets.base import EvalDataset, Task
-from tasks.encode.stage import (EncodeOutcome, ModelSession, caption_key_fields, encode_images, encode_texts,
-                                image_key_fields, prompt_key_fields)
+from tasks.encode.stage import (
+    EncodeOutcome,
+    ModelSession,
+    caption_key_fields,
+    encode_images,
+    encode_texts,
+    image_key_fields,
+    prompt_key_fields,
+)
 from tasks.progress import StageProgress
 from tasks.score.stage import score_classification, score_retrieval
 

@@ -21,8 +21,17 @@ def _bert_tokenizer(folder: Path):
 
 def make_hf_model(folder: Path, kind: str) -> Path:
     """kind: clip | chinese_clip | siglip."""
-    from transformers import (ChineseCLIPConfig, ChineseCLIPImageProcessor, ChineseCLIPModel, CLIPConfig,
-                              CLIPImageProcessor, CLIPModel, SiglipConfig, SiglipImageProcessor, SiglipModel)
+    from transformers import (
+        ChineseCLIPConfig,
+        ChineseCLIPImageProcessor,
+        ChineseCLIPModel,
+        CLIPConfig,
+        CLIPImageProcessor,
+        CLIPModel,
+        SiglipConfig,
+        SiglipImageProcessor,
+        SiglipModel,
+    )
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer, vocab_size = _bert_tokenizer(folder)

@@ -14,9 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from conftest import REPO, write_image_queries, write_wds
 from flows.cli import main
 from storage.errors import ConfigError
+
+from conftest import REPO, write_image_queries, write_wds
 
 
 @pytest.fixture

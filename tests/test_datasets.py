@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import write_image_queries, write_wds
 from storage.errors import DatasetError
 from storage.hashing import FileHashMemo
 from tasks.encode.datasets import format_root, open_dataset
 from tasks.encode.datasets.shapes import CLASSNAMES, load_shapes
 from tasks.encode.stage import iter_image_batches
+
+from conftest import write_image_queries, write_wds
 
 
 def test_webdataset_classification_in_shard_order(wds_classification):

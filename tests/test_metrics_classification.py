@@ -11,9 +11,15 @@ import torch
 from clip_benchmark.metrics import zeroshot_classification as cb
 from sklearn.metrics import balanced_accuracy_score
 
-from tasks.score.classification import (accuracy_at_k, average_precision_per_class, classification_metrics,
-                                        mean_average_precision, mean_per_class_recall, true_class_rank,
-                                        zero_shot_classifier)
+from tasks.score.classification import (
+    accuracy_at_k,
+    average_precision_per_class,
+    classification_metrics,
+    mean_average_precision,
+    mean_per_class_recall,
+    true_class_rank,
+    zero_shot_classifier,
+)
 
 
 def test_hand_computed_accuracy_and_balanced_recall():

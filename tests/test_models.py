@@ -9,13 +9,13 @@ import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
-from hf_fixtures import make_hf_model
 from storage.errors import ModelError
 from storage.hashing import FileHashMemo
 from tasks.encode.models.resolve import load_model, resolve_model
 from tasks.encode.models.spec import ModelSpec
+
+from hf_fixtures import make_hf_model
 
 CPU = torch.device("cpu")
 TINY_ARCH = {"embed_dim": 16,

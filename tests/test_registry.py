@@ -1,0 +1,61 @@
+"""Contract tests over the registries and catalogs."""
+
+from __future__ import annotations
+
+import pytest
+
+from storage.errors import DatasetError
+from tasks.encode.datasets import DATASETS, catalog, check_name, open_dataset
+from tasks.encode.datasets.base import TASKS
+from tasks.registry import Registry
+from tasks.score.metrics import METRICS, flat_metric_name, split_metric_name
+
+
+def test_registry_lazy_duplicates_and_suggestions():
+    reg: Registry = Registry("widget", DatasetError)
+    reg.register("json_dumps", "json:dumps")
+    import json
+
+    assert reg.get("json_dumps") is json.dumps
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("json_dumps", "json:loads")
+    with pytest.raises(DatasetError, match="Unknown widget 'json_dump'. Did you mean: json_dumps?"):
+        reg.get("json_dump")
+
+    @reg.register("double")
+    def double(x):
+        return 2 * x
+
+    assert reg.get("double")(2) == 4 and reg.names() == ["double", "json_dumps"]
+
+
+@pytest.mark.parametrize("name", DATASETS.names())
+def test_every_registered_dataset_loader_imports(name):
+    assert callable(DATASETS.get(name))
+
+
+def test_catalog_has_the_43_benchmark_datasets_each_with_a_task():
+    cat = catalog()
+    assert len(cat) == 43
+    assert {row["task"] for row in cat.values()} <= set(TASKS)
+    assert cat["muge"]["task"] == "zeroshot_retrieval" and cat["imagenet1k"]["task"] == "zeroshot_classification"
+
+
+@pytest.mark.parametrize("name", sorted(catalog()))
+def test_every_catalog_name_resolves_to_the_webdataset_loader(name, tmp_path):
+    check_name(name)
+    with pytest.raises(DatasetError, match="does not exist"):  # resolved, then looked for under the given root
+        open_dataset(name, str(tmp_path / "{dataset}"), "test", None)
+
+
+@pytest.mark.parametrize("flat", ["acc1", "acc5", "mean_per_class_recall", "mean_average_precision",
+                                  "image_retrieval_recall@5", "text_retrieval_recall@10", "skipped_images"])
+def test_metric_names_round_trip_and_declare_a_direction(flat):
+    info, k = split_metric_name(flat)
+    assert flat_metric_name(info.name, k) == flat
+    assert isinstance(info.higher_is_better, bool) and info.definition
+
+
+def test_every_metric_declares_direction():
+    for info in METRICS.values():
+        assert isinstance(info.higher_is_better, bool) and isinstance(info.has_k, bool)
