@@ -21,9 +21,14 @@ def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
     parser.add_argument(*names, dest=name, **kwargs)
 
 
-def _eval_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="evaluate models on datasets (zero-shot classification / retrieval)",
-                       description="Evaluate CLIP-style models; flags as in LAION clip_benchmark.")
+def _eval_parser(sub: argparse._SubParsersAction, command: str = "eval") -> None:
+    if command == "eval":
+        p = sub.add_parser("eval", help="evaluate models on datasets (zero-shot classification / retrieval)",
+                           description="Evaluate CLIP-style models; flags as in LAION clip_benchmark.")
+    else:
+        p = sub.add_parser("rescore", help="recompute metrics from cached embeddings only (same flags as eval)",
+                           description="Recompute metrics from the cache: no image is decoded and the model is "
+                                       "loaded only to encode class prompts it has never seen.")
     _flag(p, "model", nargs="+", required=True, help="open_clip architecture, local-dir:PATH, hf-hub:ORG/REPO, "
                                                      "HF/ModelScope id, local directory, or tiny-shapes-clip")
     _flag(p, "pretrained", nargs="+", default=None, help="open_clip pretrained tag or checkpoint (one, or one per "
@@ -38,6 +43,8 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     _flag(p, "task", choices=["auto", "zeroshot_classification", "zeroshot_retrieval"], default="auto")
     _flag(p, "language", default="en")
     _flag(p, "recall_k", nargs="+", type=int, default=[1, 5, 10])
+    _flag(p, "retrieval_metrics", nargs="+", choices=["recall", "mrr", "ndcg", "rank"], default=["recall"],
+          help="retrieval metric families (default: recall, as clip_benchmark)")
     _flag(p, "batch_size", type=int, default=64)
     _flag(p, "num_workers", type=int, default=2)
     _flag(p, "limit", type=int, default=None, help="evaluate exactly the first N samples")
@@ -54,7 +61,7 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     _flag(p, "model_cache_dir", default=None)
     _flag(p, "skip_existing", action="store_true", default=False)
     _flag(p, "quiet", action="store_true", default=False, help="no progress bars")
-    p.set_defaults(handler=_cmd_eval)
+    p.set_defaults(handler=_cmd_eval, cached_only=command == "rescore")
 
 
 def _models_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -75,12 +82,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     params = validate(EvaluateParams, {
         "models": _models_from_args(args), "datasets": args.dataset, "dataset_root": args.dataset_root,
         "split": args.split, "task": args.task, "language": args.language, "recall_k": args.recall_k,
+        "retrieval_metrics": args.retrieval_metrics,
         "batch_size": args.batch_size, "num_workers": args.num_workers, "limit": args.limit, "amp": args.amp,
         "device": args.device, "on_bad_image": args.on_bad_image, "output": args.output,
         "output_dir": args.output_dir, "cache_dir": args.cache_dir, "model_cache_dir": args.model_cache_dir,
         "skip_existing": args.skip_existing, "verbose": not args.quiet,
     })
-    return _run(params)
+    return _run(params, args.cached_only)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -89,11 +97,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return _run(to_evaluate_params(args.config))
 
 
-def _run(params) -> int:
-    from flows.evaluate import evaluate
+def _run(params, cached_only: bool = False) -> int:
+    from flows.evaluate import evaluate, rescore
     from flows.report import print_results
 
-    results = evaluate(params)
+    results = (rescore if cached_only else evaluate)(params)
     print_results(out, results, params.output_dir)
     return 0
 
@@ -103,10 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Evaluate CLIP-style models from an embedding cache.")
     parser.add_argument("-v", "--verbose", action="store_true", help="show Prefect and library logs")
     sub = parser.add_subparsers(dest="command", required=True)
-    _eval_parser(sub)
+    _eval_parser(sub, "eval")
+    _eval_parser(sub, "rescore")
     run = sub.add_parser("run", help="run an evalscope-style task config (JSON or YAML)")
     run.add_argument("config", help="task_cfg.json or task_cfg.yaml")
     run.set_defaults(handler=_cmd_run)
+    from flows.cli_cache import add_cache_parser
+
+    add_cache_parser(sub)
     return parser
 
 

@@ -47,6 +47,8 @@ class EvalscopeEval(BaseModel):
     # clipcache extensions (same meaning as the CLI flags)
     language: str = "en"
     recall_k: list[PositiveInt] = Field(default_factory=lambda: [1, 5, 10], min_length=1)
+    retrieval_metrics: list[Literal["recall", "mrr", "ndcg", "rank"]] = Field(default_factory=lambda: ["recall"],
+                                                                               min_length=1)
     amp: bool = False
     device: str = "auto"
     on_bad_image: Literal["error", "skip"] = "error"

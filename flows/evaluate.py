@@ -1,13 +1,15 @@
-"""The ``evaluate`` flow: for each (model, dataset) pair, encode what the cache lacks, score, write results.
+"""The ``evaluate`` and ``rescore`` flows: for each (model, dataset) pair, encode what the cache lacks (evaluate) or
+insist that it is all cached (rescore), score, write results.
 
-Pairs run in order in one process so a model is loaded once for all its datasets. A pair that fails stops the run
-with its error; everything finished before it is already in the cache and the result files, so re-running continues
-where it stopped. Results for finished pairs are written as each pair completes, not at the end.
+Pairs run in order in one process so a model is loaded once for all its datasets, and only if something must be
+encoded. A pair that fails stops the run with its error; everything finished before it is already in the cache and
+the result files, so re-running continues where it stopped. Results are written as each pair completes.
 """
 
 from __future__ import annotations
 
 import platform
+import shlex
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,10 +23,11 @@ from prefect import flow  # noqa: E402
 
 from flows.params import EvaluateParams  # noqa: E402
 from storage.embedding_store import EmbeddingStore  # noqa: E402
+from storage.errors import ClipcacheError  # noqa: E402
 from storage.hashing import FileHashMemo  # noqa: E402
 from storage.results import new_run_id, write_run_row  # noqa: E402
 from tasks import prefect_tasks as t  # noqa: E402
-from tasks.evaluation import EncodeOptions, check_language  # noqa: E402
+from tasks.evaluation import CacheMissError, EncodeOptions, check_language  # noqa: E402
 from tasks.progress import StageProgress  # noqa: E402
 from tasks.results import PairContext, clipcache_version, evalscope_result_path  # noqa: E402
 
@@ -47,11 +50,23 @@ class PairResult:
 
 @flow(name="evaluate", flow_run_name="evaluate-{params.datasets[0]}", validate_parameters=True, log_prints=False)
 def evaluate(params: EvaluateParams) -> list[PairResult]:
+    """Encode what the cache lacks, then score every (model, dataset) pair."""
+    return run_pairs(params, cached_only=False)
+
+
+@flow(name="rescore", flow_run_name="rescore-{params.datasets[0]}", validate_parameters=True, log_prints=False)
+def rescore(params: EvaluateParams) -> list[PairResult]:
+    """Recompute metrics from cached embeddings only: never decodes an image; loads the model only to encode class
+    prompts it has never seen (new templates or class names), and says which `clipcache eval` fills any gap."""
+    return run_pairs(params, cached_only=True)
+
+
+def run_pairs(params: EvaluateParams, cached_only: bool) -> list[PairResult]:
     progress = StageProgress(enabled=params.verbose)
     run_id, created_at, started = new_run_id(), datetime.now(UTC), time.perf_counter()
     store = EmbeddingStore(params.cache_dir)
     memo = FileHashMemo(Path(params.cache_dir) / "file_hashes.json")
-    opts = EncodeOptions(params.batch_size, params.num_workers, params.on_bad_image, params.limit)
+    opts = EncodeOptions(params.batch_size, params.num_workers, params.on_bad_image, params.limit, cached_only)
     results: list[PairResult] = []
     status, device = "failed", "unknown"
     try:
@@ -86,12 +101,31 @@ def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run
     if params.skip_existing and existing.exists():
         return PairResult(spec.model_name, name, task, status="skipped", files=[str(existing)])
     loads_before = session.loads
-    encoded = t.encode(session, dataset, task, store, memo, opts, progress)
-    scored = t.score(store, encoded, params.recall_k)
+    try:
+        encoded = t.encode(session, dataset, task, store, memo, opts, progress)
+    except CacheMissError as e:
+        raise ClipcacheError(f"{e}. Fill it with:\n  {eval_command(params, spec, name)}") from e
+    scored = t.score(store, encoded, params.recall_k, tuple(params.retrieval_metrics))
     ctx = PairContext(run_id, created_at, spec, session.resolved.fingerprint, name, params.split, params.language,
                       task)
     files = t.write_results(ctx, scored.metrics, scored.n_samples, encoded.cache_keys, params.output_dir,
                             params.output)
     return PairResult(spec.model_name, name, task, scored.metrics, scored.n_samples, "done", encoded.cache_hit,
-                      encoded.images.resumed or encoded.texts.resumed, session.loads > loads_before,
-                      encoded.seconds, scored.seconds, [str(f) for f in files])
+                      encoded.resumed, session.loads > loads_before, encoded.seconds, scored.seconds,
+                      [str(f) for f in files])
+
+
+def eval_command(params: EvaluateParams, spec, dataset: str) -> str:
+    """The `clipcache eval` invocation that encodes what a rescore of (spec, dataset) needs."""
+    args = ["clipcache", "eval", "--model", spec.model_name]
+    optional = [("--pretrained", spec.pretrained), ("--model_type", None if spec.model_type == "auto" else
+                                                     spec.model_type),
+                ("--arch_config", spec.arch_config), ("--dataset", dataset), ("--dataset_root", params.dataset_root),
+                ("--split", None if params.split == "test" else params.split),
+                ("--limit", params.limit), ("--cache_dir", None if params.cache_dir == "cache" else params.cache_dir)]
+    for flag, value in optional:
+        if value is not None:
+            args += [flag, str(value)]
+    if params.amp:
+        args.append("--amp")
+    return shlex.join(args)

@@ -27,6 +27,9 @@ class EvaluateParams(BaseModel):
     task: TaskChoice = "auto"
     language: str = "en"
     recall_k: list[PositiveInt] = Field(default_factory=lambda: [1, 5, 10], min_length=1)
+    retrieval_metrics: list[Literal["recall", "mrr", "ndcg", "rank"]] = Field(
+        default_factory=lambda: ["recall"], min_length=1,
+        description="retrieval metric families: recall@k (clip_benchmark's), mrr@k, ndcg@k, rank (mean/median)")
     batch_size: PositiveInt = 64
     num_workers: int = Field(2, ge=0)
     limit: PositiveInt | None = Field(None, description="evaluate exactly the first N samples")

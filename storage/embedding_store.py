@@ -35,6 +35,7 @@ from storage.errors import CacheIntegrityError
 from storage.hashing import canonical_json, digest
 
 CHUNK_ROWS = 4096
+USAGE_DIR = "usage"  # usage/<key>: empty marker file whose mtime is the last read of the entry
 # Bump when the meaning of stored vectors changes (normalisation, dtype, row order...): old entries stop matching.
 EMBEDDING_SPEC_VERSION = 1
 
@@ -110,6 +111,10 @@ class EmbeddingEntry:
         return EmbeddingRef(str(self.path.parent.parent), self.key, self.attrs["kind"], self.count, self.dim)
 
 
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
 class EmbeddingStore:
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -128,6 +133,59 @@ class EmbeddingStore:
     def has(self, key: str) -> bool:
         return (self.entry_path(key) / "zarr.json").exists()
 
+    def last_used(self, key: str) -> float:
+        marker = self.root / USAGE_DIR / key
+        return (marker if marker.exists() else self.entry_path(key) / "zarr.json").stat().st_mtime
+
+    def touch(self, key: str) -> None:
+        """Record that an entry was used now (``last_used`` for ``cache ls`` and age-based ``cache gc``)."""
+        marker = self.root / USAGE_DIR / key
+        try:
+            marker.parent.mkdir(exist_ok=True)
+            marker.touch()
+        except OSError:
+            pass  # a read-only cache still works; it just cannot record use
+
+    def keys(self) -> list[str]:
+        folder = self.root / "embeddings"
+        return sorted(p.name[: -len(".zarr")] for p in folder.glob("*.zarr") if not p.name.endswith(".partial.zarr"))
+
+    def partial_keys(self) -> list[str]:
+        return sorted(p.name[: -len(".partial.zarr")] for p in (self.root / "embeddings").glob("*.partial.zarr"))
+
+    def resolve_prefix(self, prefix: str) -> str:
+        """A full key from a unique prefix (as git does with commit ids)."""
+        matches = [k for k in self.keys() if k.startswith(prefix)]
+        if len(matches) != 1:
+            found = "no entry" if not matches else f"{len(matches)} entries"
+            raise CacheIntegrityError(f"{found} in {self.root} with a key starting with {prefix!r}")
+        return matches[0]
+
+    def remove(self, key: str) -> int:
+        """Delete an entry (complete or partial) under its lock; returns the bytes freed."""
+        freed = 0
+        with self.lock(key):
+            for path in (self.entry_path(key), self.partial_path(key)):
+                if path.exists():
+                    freed += folder_bytes(path)
+                    shutil.rmtree(path)
+            (self.root / USAGE_DIR / key).unlink(missing_ok=True)
+        return freed
+
+    def verify(self, key: str) -> list[str]:
+        """Problems found in an entry: unreadable metadata, key mismatch, chunk checksum failures, short arrays."""
+        try:
+            entry = self.open(key)
+            entry.embeddings(verify=True)
+            for name in entry._group.array_keys():
+                if entry._group[name].shape[0] != entry.count:
+                    return [f"array {name!r} has {entry._group[name].shape[0]} rows, expected {entry.count}"]
+        except CacheIntegrityError as e:
+            return [str(e)]
+        except Exception as e:  # zarr/numcodecs raise assorted errors on damaged files; each is a finding here
+            return [f"cache entry {key} cannot be read: {type(e).__name__}: {e}"]
+        return []
+
     def open(self, key: str, key_fields: dict[str, Any] | None = None) -> EmbeddingEntry:
         """Open a complete entry; if ``key_fields`` is given, check the stored key is the one asked for."""
         path = self.entry_path(key)
@@ -142,6 +200,7 @@ class EmbeddingStore:
             raise CacheIntegrityError(f"cache entry {path} does not hold the data of key {key} (stored key mismatch)")
         if key_fields is not None and canonical_json(stored_fields) != canonical_json(key_fields):
             raise CacheIntegrityError(f"cache entry {key} was written for different inputs than requested")
+        self.touch(key)
         return EmbeddingEntry(path, attrs)
 
     def writer(self, key_fields: dict[str, Any], kind: str, capacity: int,
@@ -208,13 +267,14 @@ class EntryWriter:
     def _create_arrays(self, dim: int) -> None:
         self.dim = dim
         group = zarr.open_group(str(self.partial), mode="w")
-        group.create_array("embeddings", shape=(self.capacity, dim), chunks=(CHUNK_ROWS, dim),
+        rows = min(CHUNK_ROWS, self.capacity)  # a small entry is one small chunk, not a padded 4,096-row one
+        group.create_array("embeddings", shape=(self.capacity, dim), chunks=(rows, dim),
                            dtype="float32", compressors=None, fill_value=0.0)
-        group.create_array("position", shape=(self.capacity,), chunks=(CHUNK_ROWS,), dtype="int64",
+        group.create_array("position", shape=(self.capacity,), chunks=(rows,), dtype="int64",
                            compressors=None, fill_value=-1)
         for name, spec in self.aux.items():
             group.create_array(name, shape=(self.capacity, *spec.trailing_shape),
-                               chunks=(CHUNK_ROWS, *spec.trailing_shape), dtype=spec.dtype, compressors=None)
+                               chunks=(rows, *spec.trailing_shape), dtype=spec.dtype, compressors=None)
         self._write_progress(0, 0)
 
     def _read_progress(self) -> dict[str, Any] | None:

@@ -7,21 +7,30 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from storage.embedding_store import EmbeddingStore
-from storage.errors import ConfigError, DatasetError
+from storage.embedding_store import EmbeddingStore, entry_key
+from storage.errors import ClipcacheError, ConfigError, DatasetError
 from storage.hashing import FileHashMemo
 from tasks.encode.datasets.base import EvalDataset, Task
 from tasks.encode.stage import (
     EncodeOutcome,
     ModelSession,
+    PromptOutcome,
     caption_key_fields,
     encode_images,
+    encode_prompts,
     encode_texts,
     image_key_fields,
-    prompt_key_fields,
 )
 from tasks.progress import StageProgress
 from tasks.score.stage import score_classification, score_retrieval
+
+
+class CacheMissError(ClipcacheError):
+    """``rescore`` needs embeddings that are not in the cache."""
+
+    def __init__(self, missing: list[str]):
+        self.missing = missing
+        super().__init__("not in the cache: " + "; ".join(missing))
 
 
 @dataclass(frozen=True)
@@ -30,6 +39,7 @@ class EncodeOptions:
     num_workers: int = 2
     on_bad_image: str = "error"
     limit: int | None = None
+    cached_only: bool = False  # rescore: images and captions must come from the cache
 
 
 @dataclass
@@ -38,18 +48,25 @@ class EncodedDataset:
 
     task: Task
     images: EncodeOutcome
-    texts: EncodeOutcome
+    captions: EncodeOutcome | None = None
+    prompts: PromptOutcome | None = None
     n_classes: int = 0
     n_templates: int = 0
     seconds: float = 0.0
 
     @property
     def cache_hit(self) -> bool:
-        return self.images.cache_hit and self.texts.cache_hit
+        texts_hit = self.captions.cache_hit if self.captions else self.prompts.cache_hit
+        return self.images.cache_hit and texts_hit
+
+    @property
+    def resumed(self) -> bool:
+        return self.images.resumed or bool(self.captions and self.captions.resumed)
 
     @property
     def cache_keys(self) -> list[str]:
-        return [self.images.ref.key, self.texts.ref.key]
+        texts = [self.captions.ref.key] if self.captions else list(self.prompts.lookup.batch_keys)
+        return [self.images.ref.key, *texts]
 
 
 @dataclass
@@ -77,38 +94,51 @@ def check_language(dataset: EvalDataset, task: Task, language: str) -> None:
                           f"(its class names and templates are {dataset.prompts.language!r})")
 
 
+def _require_cached(store: EmbeddingStore, fields: dict, what: str, missing: list[str]) -> bool:
+    if store.has(entry_key(fields)):
+        return True
+    missing.append(what)
+    return False
+
+
 def encode_dataset(session: ModelSession, dataset: EvalDataset, task: Task, store: EmbeddingStore,
                    memo: FileHashMemo, opts: EncodeOptions, progress: StageProgress) -> EncodedDataset:
     started = time.perf_counter()
     identity = dataset.identity(memo)
     memo.save()
-    images = encode_images(session, dataset, store, image_key_fields(session, identity, dataset.split, opts.limit),
-                           opts.batch_size, opts.num_workers, opts.on_bad_image, progress)
+    image_fields = image_key_fields(session, identity, dataset.split, opts.limit)
+    caption_fields = caption_key_fields(session, identity, dataset.split, opts.limit)
+    if opts.cached_only:
+        missing: list[str] = []
+        _require_cached(store, image_fields, f"image embeddings of {dataset.name}", missing)
+        if task == "zeroshot_retrieval":
+            _require_cached(store, caption_fields, f"caption embeddings of {dataset.name}", missing)
+        if missing:
+            raise CacheMissError(missing)
+    images = encode_images(session, dataset, store, image_fields, opts.batch_size, opts.num_workers,
+                           opts.on_bad_image, progress)
     if task == "zeroshot_classification":
         prompts = dataset.prompts
-        texts = encode_texts(session, prompts.prompts(), store, prompt_key_fields(session, prompts.prompts()),
-                             "prompt", opts.batch_size, progress, dataset.name,
-                             meta={"classnames": prompts.classnames, "templates": prompts.templates,
-                                   "language": prompts.language})
-        return EncodedDataset(task, images, texts, len(prompts.classnames), len(prompts.templates),
-                              time.perf_counter() - started)
+        outcome = encode_prompts(session, prompts.prompts(), store, opts.batch_size, progress, dataset.name)
+        return EncodedDataset(task, images, prompts=outcome, n_classes=len(prompts.classnames),
+                              n_templates=len(prompts.templates), seconds=time.perf_counter() - started)
     captions = [c for caps in dataset.captions for c in caps]
     sample_index = np.repeat(np.arange(len(dataset.captions), dtype=np.int64),
                              [len(caps) for caps in dataset.captions])
-    texts = encode_texts(session, captions, store,
-                         caption_key_fields(session, identity, dataset.split, opts.limit), "caption",
-                         opts.batch_size, progress, dataset.name, aux_values={"sample_index": sample_index},
+    texts = encode_texts(session, captions, store, caption_fields, "caption", opts.batch_size, progress,
+                         dataset.name, aux_values={"sample_index": sample_index},
                          meta={"dataset": dataset.name, "split": dataset.split})
-    return EncodedDataset(task, images, texts, seconds=time.perf_counter() - started)
+    return EncodedDataset(task, images, captions=texts, seconds=time.perf_counter() - started)
 
 
-def score_dataset(store: EmbeddingStore, encoded: EncodedDataset, recall_k: list[int]) -> Scored:
+def score_dataset(store: EmbeddingStore, encoded: EncodedDataset, recall_k: list[int],
+                  retrieval_metrics: tuple[str, ...] = ("recall",)) -> Scored:
     started = time.perf_counter()
     if encoded.task == "zeroshot_classification":
-        metrics, n = score_classification(store, encoded.images.ref, encoded.texts.ref, encoded.n_classes,
-                                          encoded.n_templates)
+        metrics, n = score_classification(store, encoded.images.ref, encoded.prompts.pool, encoded.prompts.lookup,
+                                          encoded.n_classes, encoded.n_templates)
     else:
-        metrics, n = score_retrieval(store, encoded.images.ref, encoded.texts.ref, recall_k)
+        metrics, n = score_retrieval(store, encoded.images.ref, encoded.captions.ref, recall_k, retrieval_metrics)
     image_entry = store.open(encoded.images.ref.key)
     skipped = int(image_entry.meta.get("n_samples", image_entry.count)) - image_entry.count
     if skipped:  # only possible with --on_bad_image skip; recorded so the numbers are read with that in mind

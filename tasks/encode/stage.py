@@ -19,6 +19,8 @@ import torch
 
 from storage.embedding_store import AuxSpec, EmbeddingRef, EmbeddingStore, entry_key
 from storage.errors import DatasetError
+from storage.hashing import digest
+from storage.text_pool import PoolLookup, TextPool, text_sha256
 from tasks.encode.datasets.base import EvalDataset
 from tasks.encode.models.base import EmbeddingModel
 from tasks.encode.models.resolve import ResolvedModel, load_model
@@ -65,11 +67,35 @@ def caption_key_fields(session: ModelSession, dataset_identity: dict[str, Any], 
             "dataset": dataset_identity, "split": split, "limit": limit}
 
 
-def prompt_key_fields(session: ModelSession, prompts: list[str]) -> dict:
-    from storage.hashing import digest
+def prompt_pool_fields(session: ModelSession) -> dict:
+    """The pool of class-prompt vectors of one model: shared by every dataset and template set."""
+    return {"role": "prompt", "model": session.resolved.identity, "precision": session.precision}
 
-    return {"role": "prompt", "model": session.resolved.identity, "precision": session.precision,
-            "prompts": digest(prompts), "count": len(prompts)}
+
+@dataclass(frozen=True)
+class PromptOutcome:
+    pool: str
+    lookup: PoolLookup
+    encoded: int  # prompts that needed a forward pass now
+
+    @property
+    def cache_hit(self) -> bool:
+        return self.encoded == 0
+
+
+def encode_prompts(session: ModelSession, prompts: list[str], store: EmbeddingStore, batch_size: int,
+                   progress: StageProgress, label: str) -> PromptOutcome:
+    """Encode only the prompt texts this model has never seen; return where every requested prompt's vector is."""
+    pool = TextPool(store, digest(prompt_pool_fields(session)))
+    missing = pool.missing(prompts)
+    encoded = 0
+    if missing:
+        fields = {"role": "prompt-batch", "pool": pool.pool, "texts": digest(missing)}
+        outcome = encode_texts(session, missing, store, fields, "prompt", batch_size, progress, label,
+                               aux_values={"text_sha256": text_sha256(missing)}, meta={"dataset": label})
+        pool.register(outcome.ref.key)
+        encoded = outcome.encoded
+    return PromptOutcome(pool.pool, pool.lookup(prompts), encoded)
 
 
 def _load_item(dataset: EvalDataset, transform: Any, index: int) -> tuple[int, torch.Tensor | None, str | None]:
@@ -142,22 +168,31 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
             return EncodeOutcome(store.open(key, key_fields).ref(), cache_hit=True)
         model = session.model
         start = writer.start_position
-        batches = iter_image_batches(dataset, model.image_transform, start, batch_size, num_workers)
+        # Resume at the start of the batch that held `start` and drop the rows already committed: batches then have
+        # exactly the composition of an uninterrupted run, so the vectors are bit-identical (batched matmuls need
+        # not give the same bits for a row in a batch of another size).
+        batches = iter_image_batches(dataset, model.image_transform, (start // batch_size) * batch_size,
+                                     batch_size, num_workers)
         encoded = 0
         with progress.track(f"encode images  {dataset.name}", len(dataset), "img") as advance:
             advance(start)
             for batch in batches:
-                if batch.errors and on_bad_image == "error":
-                    raise DatasetError(f"{batch.errors[0][1]} (use --on_bad_image skip to skip such images)")
-                for _, message in batch.errors:
+                errors = [(i, message) for i, message in batch.errors if i >= start]
+                if errors and on_bad_image == "error":
+                    raise DatasetError(f"{errors[0][1]} (use --on_bad_image skip to skip such images)")
+                for _, message in errors:
                     log.warning("skipping: %s", message)
                 if batch.pixels is not None:
-                    extra = {"target": dataset.labels[batch.indices]} if "target" in aux else {}
-                    writer.add(model.encode_images(batch.pixels), batch.indices, **extra)
-                    encoded += len(batch.indices)
-                advance(batch.size)
+                    keep = batch.indices >= start
+                    if keep.any():
+                        indices = batch.indices[keep]
+                        extra = {"target": dataset.labels[indices]} if "target" in aux else {}
+                        writer.add(model.encode_images(batch.pixels)[keep], indices, **extra)
+                        encoded += len(indices)
+                advance(int((batch.indices >= start).sum()) + len(errors))
         # Rows written < n_samples exactly when undecodable images were skipped.
-        ref = writer.finish(meta={"dataset": dataset.name, "split": dataset.split, "n_samples": len(dataset)})
+        ref = writer.finish(meta={"model": session.resolved.display_name, "dataset": dataset.name,
+                                  "split": dataset.split, "n_samples": len(dataset)})
     return EncodeOutcome(ref, cache_hit=False, resumed=start > 0, encoded=encoded)
 
 
@@ -176,11 +211,11 @@ def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore,
         start = writer.start_position
         with progress.track(f"encode {kind}s {label}", len(texts), "txt") as advance:
             advance(start)
-            for lo in range(start, len(texts), batch_size):
+            for lo in range((start // batch_size) * batch_size, len(texts), batch_size):
                 hi = min(lo + batch_size, len(texts))
-                positions = np.arange(lo, hi, dtype=np.int64)
-                writer.add(model.encode_texts(texts[lo:hi]), positions,
-                           **{name: v[lo:hi] for name, v in aux_values.items()})
-                advance(hi - lo)
-        ref = writer.finish(meta=meta)
+                first = max(start, lo)  # same batches as an uninterrupted run; committed rows are dropped
+                writer.add(model.encode_texts(texts[lo:hi])[first - lo:], np.arange(first, hi, dtype=np.int64),
+                           **{name: v[first:hi] for name, v in aux_values.items()})
+                advance(hi - first)
+        ref = writer.finish(meta={"model": session.resolved.display_name, **(meta or {})})
     return EncodeOutcome(ref, cache_hit=False, resumed=start > 0, encoded=len(texts) - start)

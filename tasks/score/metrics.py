@@ -26,6 +26,12 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
     MetricInfo("image_retrieval_recall", True, True, "text->image: fraction of captions whose image is in the top k"),
     MetricInfo("text_retrieval_recall", True, True, "image->text: fraction of images with any caption in the top k"),
     MetricInfo("skipped_images", False, False, "images left out as undecodable (--on_bad_image skip)"),
+    *[m for d, q in (("image", "text->image"), ("text", "image->text")) for m in (
+        MetricInfo(f"{d}_retrieval_mrr", True, True, f"{q}: mean reciprocal rank of the best positive, 0 beyond k"),
+        MetricInfo(f"{d}_retrieval_ndcg", True, True, f"{q}: nDCG@k with binary relevance"),
+        MetricInfo(f"{d}_retrieval_mean_rank", False, False, f"{q}: mean 1-based rank of the best positive"),
+        MetricInfo(f"{d}_retrieval_median_rank", False, False, f"{q}: median 1-based rank of the best positive"),
+    )],
 ]}
 
 _AT_K = re.compile(r"^(?P<metric>[a-z_]+)@(?P<k>\d+)$")

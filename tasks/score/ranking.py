@@ -72,3 +72,27 @@ def best_positive_rank(
         chosen = positives[start:stop] if single else best_positive(scores, positives[start:stop])
         ranks[start:stop] = rank_of_positive_in_row(scores, chosen)
     return ranks
+
+
+def all_positive_ranks(
+    queries: np.ndarray,
+    candidates: np.ndarray,
+    positives: list[np.ndarray],
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+) -> list[np.ndarray]:
+    """The rank of every positive of every query (needed by nDCG with several relevant items per query)."""
+    out: list[np.ndarray] = []
+    block = block_rows_for(len(candidates), block_bytes)
+    cand_t = np.ascontiguousarray(candidates.T)
+    for start in range(0, len(queries), block):
+        stop = min(start + block, len(queries))
+        scores = queries[start:stop] @ cand_t
+        group = positives[start:stop]
+        counts = [len(p) for p in group]
+        row_of = np.repeat(np.arange(stop - start), counts)
+        cols = np.concatenate(group).astype(np.int64)
+        ranks = np.empty(len(cols), dtype=np.int64)
+        for s in range(0, len(cols), block):  # expanded rows in block-sized slices: memory stays bounded
+            ranks[s:s + block] = rank_of_positive_in_row(scores[row_of[s:s + block]], cols[s:s + block])
+        out.extend(np.split(ranks, np.cumsum(counts)[:-1]))
+    return out

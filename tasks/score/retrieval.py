@@ -8,13 +8,22 @@
 
 Like clip_benchmark this is "CLIP-style" recall: a hit/miss per query, not the fraction of all relevant items found.
 ``k`` larger than the number of candidates makes every query a hit (clip_benchmark raises instead).
+
+Further metrics (``--retrieval_metrics``), per direction ``image_retrieval_*`` / ``text_retrieval_*``:
+
+- ``mrr@k``: mean over queries of 1 / (1-based rank of the best positive), 0 when that rank is beyond k.
+- ``ndcg@k``: binary relevance; DCG@k = sum over positives ranked within k of 1 / log2(rank + 1) (1-based rank),
+  divided by the ideal DCG of min(#positives, k) items. With one positive per query (text -> image) this is
+  1 / log2(rank + 1) within k.
+- ``mean_rank``, ``median_rank``: 1-based rank of the best positive (lower is better); images without captions are
+  left out of these two.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tasks.score.ranking import DEFAULT_BLOCK_BYTES, best_positive_rank
+from tasks.score.ranking import DEFAULT_BLOCK_BYTES, all_positive_ranks, best_positive_rank
 
 NO_POSITIVE = np.iinfo(np.int64).max
 
@@ -59,16 +68,62 @@ def recall_at_k(ranks: np.ndarray, k: int) -> float:
     return float(np.float32((ranks < k).sum()) / np.float32(len(ranks)))
 
 
+def mrr_at_k(ranks: np.ndarray, k: int) -> float:
+    hit = ranks < k
+    return float(np.where(hit, 1.0 / (np.minimum(ranks, k) + 1.0), 0.0).mean()) if len(ranks) else float("nan")
+
+
+def ndcg_at_k(positive_ranks: list[np.ndarray], k: int) -> float:
+    """Mean nDCG@k over queries; ``positive_ranks[q]`` holds the 0-based ranks of all of query q's positives."""
+    if not positive_ranks:
+        return float("nan")
+    discounts = 1.0 / np.log2(np.arange(2, k + 2, dtype=np.float64))
+    values = []
+    for ranks in positive_ranks:
+        if len(ranks) == 0:
+            values.append(0.0)
+            continue
+        dcg = discounts[ranks[ranks < k]].sum()
+        values.append(dcg / discounts[: min(len(ranks), k)].sum())
+    return float(np.mean(values))
+
+
+RETRIEVAL_METRIC_FAMILIES = ("recall", "mrr", "ndcg", "rank")
+
+
 def retrieval_metrics(
     image_embeddings: np.ndarray,
     caption_embeddings: np.ndarray,
     caption_image: np.ndarray,
     recall_k: list[int],
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    which: tuple[str, ...] = ("recall",),
 ) -> dict[str, float]:
+    """Metrics of the families in ``which`` (recall, mrr, ndcg, rank) for every k in ``recall_k``."""
     t2i, i2t = retrieval_ranks(image_embeddings, caption_embeddings, caption_image, block_bytes)
     metrics: dict[str, float] = {}
+    if "ndcg" in which:
+        groups = captions_per_image(caption_image, len(image_embeddings))
+        has = [i for i, g in enumerate(groups) if len(g)]
+        ranked = all_positive_ranks(image_embeddings[has].astype(np.float32, copy=False),
+                                    caption_embeddings.astype(np.float32, copy=False), [groups[i] for i in has],
+                                    block_bytes)
+        i2t_all: list[np.ndarray] = [np.empty(0, np.int64)] * len(groups)
+        for i, r in zip(has, ranked, strict=True):
+            i2t_all[i] = r
     for k in recall_k:
-        metrics[f"image_retrieval_recall@{k}"] = recall_at_k(t2i, k)
-        metrics[f"text_retrieval_recall@{k}"] = recall_at_k(i2t, k)
+        if "recall" in which:
+            metrics[f"image_retrieval_recall@{k}"] = recall_at_k(t2i, k)
+            metrics[f"text_retrieval_recall@{k}"] = recall_at_k(i2t, k)
+        if "mrr" in which:
+            metrics[f"image_retrieval_mrr@{k}"] = mrr_at_k(t2i, k)
+            metrics[f"text_retrieval_mrr@{k}"] = mrr_at_k(i2t, k)
+        if "ndcg" in which:
+            metrics[f"image_retrieval_ndcg@{k}"] = ndcg_at_k([np.array([r]) for r in t2i], k)
+            metrics[f"text_retrieval_ndcg@{k}"] = ndcg_at_k(i2t_all, k)
+    if "rank" in which:
+        for direction, ranks in (("image", t2i), ("text", i2t[i2t != NO_POSITIVE])):
+            metrics[f"{direction}_retrieval_mean_rank"] = float((ranks + 1).mean()) if len(ranks) else float("nan")
+            metrics[f"{direction}_retrieval_median_rank"] = float(np.median(ranks + 1)) if len(ranks) else \
+                float("nan")
     return metrics

@@ -6,24 +6,24 @@ import numpy as np
 
 from storage.embedding_store import EmbeddingRef, EmbeddingStore
 from storage.errors import CacheIntegrityError
+from storage.text_pool import PoolLookup, TextPool
 from tasks.score.classification import classification_metrics, logits, zero_shot_classifier
 from tasks.score.retrieval import retrieval_metrics
 
 
-def score_classification(store: EmbeddingStore, images: EmbeddingRef, prompts: EmbeddingRef, n_classes: int,
-                         n_templates: int) -> tuple[dict[str, float], int]:
+def score_classification(store: EmbeddingStore, images: EmbeddingRef, pool: str, prompts: PoolLookup,
+                         n_classes: int, n_templates: int) -> tuple[dict[str, float], int]:
     image_entry = store.open(images.key)
-    prompt_entry = store.open(prompts.key)
-    if prompt_entry.count != n_classes * n_templates:
-        raise CacheIntegrityError(f"prompt entry {prompts.key} has {prompt_entry.count} rows, expected "
-                                  f"{n_classes} classes x {n_templates} templates")
-    classifier = zero_shot_classifier(prompt_entry.embeddings(), n_classes, n_templates)
+    if len(prompts.batch) != n_classes * n_templates:
+        raise CacheIntegrityError(f"{len(prompts.batch)} prompt vectors for {n_classes} classes x {n_templates} "
+                                  f"templates")
+    classifier = zero_shot_classifier(TextPool(store, pool).gather(prompts), n_classes, n_templates)
     targets = image_entry.array("target")
     return classification_metrics(logits(image_entry.embeddings(), classifier), targets, n_classes), len(targets)
 
 
-def score_retrieval(store: EmbeddingStore, images: EmbeddingRef, captions: EmbeddingRef,
-                    recall_k: list[int]) -> tuple[dict[str, float], int]:
+def score_retrieval(store: EmbeddingStore, images: EmbeddingRef, captions: EmbeddingRef, recall_k: list[int],
+                    which: tuple[str, ...] = ("recall",)) -> tuple[dict[str, float], int]:
     image_entry = store.open(images.key)
     caption_entry = store.open(captions.key)
     image_positions = image_entry.array("position")  # dataset sample index of each image row
@@ -37,5 +37,5 @@ def score_retrieval(store: EmbeddingStore, images: EmbeddingRef, captions: Embed
     caption_embeddings = caption_entry.embeddings()
     if not keep.all():
         caption_embeddings, caption_image = caption_embeddings[keep], caption_image[keep]
-    metrics = retrieval_metrics(image_entry.embeddings(), caption_embeddings, caption_image, recall_k)
+    metrics = retrieval_metrics(image_entry.embeddings(), caption_embeddings, caption_image, recall_k, which=which)
     return metrics, len(image_positions)

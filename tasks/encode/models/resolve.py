@@ -36,6 +36,11 @@ class ResolvedModel:
     identity: dict[str, Any]
 
     @property
+    def display_name(self) -> str:
+        name = self.source.split("local-dir:")[-1].rstrip("/").split("/")[-1]
+        return f"{name} ({self.pretrained.split('/')[-1]})" if self.pretrained else name
+
+    @property
     def fingerprint(self) -> str:
         return digest(self.identity)[:16]
 

@@ -1,0 +1,114 @@
+"""``clipcache cache ls | info KEY | verify [KEY ...] | gc``: look after the embedding cache."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def add_cache_parser(sub: argparse._SubParsersAction) -> None:
+    cache = sub.add_parser("cache", help="list, inspect, verify and clean the embedding cache")
+    cache.add_argument("--cache_dir", "--cache-dir", dest="cache_dir", default="cache")
+    actions = cache.add_subparsers(dest="action", required=True)
+    ls = actions.add_parser("ls", help="list entries (model, dataset, split, kind, rows, dim, size, dates)")
+    ls.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    info = actions.add_parser("info", help="everything stored about one entry (a unique key prefix is enough)")
+    info.add_argument("key")
+    verify = actions.add_parser("verify", help="check stored keys and chunk checksums; exit 1 if anything is damaged")
+    verify.add_argument("keys", nargs="*", help="key prefixes (default: every entry)")
+    verify.add_argument("--delete", action="store_true", help="delete damaged entries so the next eval re-encodes them")
+    gc = actions.add_parser("gc", help="delete entries by age, pattern or total size (least recently used first)")
+    gc.add_argument("--older_than", "--older-than", dest="older_than", help="unused for longer than e.g. 30d, 12h")
+    gc.add_argument("--max_size", "--max-size", dest="max_size", help="shrink the cache to at most e.g. 20GB")
+    gc.add_argument("--pattern", help="glob over key, model, dataset or kind, e.g. '*ViT-L*'")
+    gc.add_argument("--partial", action="store_true", help="also delete interrupted (partial) entries")
+    gc.add_argument("--dry_run", "--dry-run", dest="dry_run", action="store_true")
+    cache.set_defaults(handler=run_cache_command)
+
+
+def run_cache_command(args: argparse.Namespace) -> int:
+    from storage.embedding_store import EmbeddingStore
+
+    store = EmbeddingStore(args.cache_dir)
+    out = Console(width=None if Console().is_terminal else 160)
+    return {"ls": _ls, "info": _info, "verify": _verify, "gc": _gc}[args.action](store, args, out)
+
+
+def _ls(store, args, out: Console) -> int:
+    from storage.cache_admin import list_entries
+
+    infos = list_entries(store)
+    if args.json:
+        for info in infos:
+            print(json.dumps(info.as_dict()))  # JSON lines, for jq / scripts
+        return 0
+    table = Table(title=f"{store.root}: {len(infos)} entries, {human_bytes(sum(i.bytes for i in infos))}")
+    for column in ("key", "kind", "model", "dataset", "split", "rows", "dim", "dtype", "size", "created",
+                   "last used"):
+        table.add_column(column, justify="right" if column in ("rows", "dim", "size") else "left")
+    for i in infos:
+        table.add_row(i.key[:12], i.kind, i.model, i.dataset, i.split, f"{i.count:,}", str(i.dim or ""), i.dtype,
+                      human_bytes(i.bytes), i.created, i.last_used)
+    out.print(table)
+    return 0
+
+
+def _info(store, args, out: Console) -> int:
+    key = store.resolve_prefix(args.key)
+    entry = store.open(key)
+    out.print_json(json.dumps({"key": key, "path": str(entry.path), "arrays": {
+        name: {"shape": list(entry._group[name].shape), "dtype": str(entry._group[name].dtype)}
+        for name in entry._group.array_keys()}, **{k: v for k, v in entry.attrs.items() if k != "chunk_sha256"},
+        "chunks": len(entry.attrs.get("chunk_sha256", []))}, default=str))
+    return 0
+
+
+def _verify(store, args, out: Console) -> int:
+    keys = [store.resolve_prefix(k) for k in args.keys] if args.keys else store.keys()
+    damaged = 0
+    for key in keys:
+        problems = store.verify(key)
+        if not problems:
+            continue
+        damaged += 1
+        for problem in problems:
+            out.print(f"[red]damaged[/] {key}: {problem}", highlight=False, soft_wrap=True)
+        if args.delete:
+            store.remove(key)
+            out.print(f"deleted {key}; the next `clipcache eval` that needs it re-encodes it")
+    out.print(f"verified {len(keys)} entries: {damaged} damaged")
+    return 1 if damaged else 0
+
+
+def _gc(store, args, out: Console) -> int:
+    from storage.cache_admin import list_entries, parse_age, parse_size, select_garbage
+
+    if not (args.older_than or args.max_size or args.pattern or args.partial):
+        from storage.errors import ConfigError
+
+        raise ConfigError("cache gc: give --older_than, --max_size, --pattern and/or --partial")
+    infos = list_entries(store, include_partial=False)
+    chosen = select_garbage(infos, parse_age(args.older_than) if args.older_than else None,
+                            parse_size(args.max_size) if args.max_size else None, args.pattern)
+    if args.partial:
+        from storage.cache_admin import describe_partial
+
+        chosen += [describe_partial(store, k) for k in store.partial_keys()]
+    freed = 0
+    for info in chosen:
+        out.print(f"{'would delete' if args.dry_run else 'deleting'} {info.key[:12]} {info.kind} {info.model} "
+                  f"{info.dataset} ({human_bytes(info.bytes)})", highlight=False)
+        freed += info.bytes if args.dry_run else store.remove(info.key)
+    out.print(f"{'would free' if args.dry_run else 'freed'} {human_bytes(freed)} in {len(chosen)} entries")
+    return 0
