@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,8 +95,11 @@ class EmbeddingEntry:
         data = np.asarray(self._group["embeddings"][...])
         if verify:
             expected = self.attrs["chunk_sha256"]
-            for i, want in enumerate(expected):
-                got = _chunk_digest(data[i * CHUNK_ROWS : (i + 1) * CHUNK_ROWS])
+            blocks = [data[i * CHUNK_ROWS : (i + 1) * CHUNK_ROWS] for i in range(len(expected))]
+            # hashlib releases the GIL on large buffers: checksum chunks on a few threads.
+            with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+                digests = list(pool.map(_chunk_digest, blocks))
+            for i, (got, want) in enumerate(zip(digests, expected, strict=True)):
                 if got != want:
                     raise CacheIntegrityError(
                         f"cache entry {self.key} is damaged: chunk {i} of {self.path / 'embeddings'} fails its checksum; "

@@ -156,3 +156,31 @@ def test_shapes_is_deterministic_and_identity_is_content_based(tmp_path, wds_cla
     assert first == again  # same bytes, same identity, whatever the name
     limited = open_dataset("wds/shapes_cls", str(wds_classification), "test", 10).identity(memo)
     assert limited != first  # fewer shards read
+
+
+def test_empty_shards_and_all_bad_images_are_clear_errors(tmp_path):
+    import tarfile as tf
+
+    import torch as t
+
+    from storage.embedding_store import EmbeddingStore
+    from tasks.encode.stage import ModelSession, encode_images
+    from tasks.progress import StageProgress
+
+    root = write_wds(tmp_path / "empty", "classification", 4, shards=1)
+    with tf.open(root / "test" / "0.tar", "w"):
+        pass
+    with pytest.raises(DatasetError, match="has no samples"):
+        open_dataset("wds/empty", str(root), "test", None)
+
+
+    ds = load_shapes("x", "zeroshot_classification", "test", 3)
+    ds.read_image_bytes = lambda i: b"not an image"  # every image fails to decode
+    from tasks.encode.models.resolve import resolve_model
+    from tasks.encode.models.spec import ModelSpec
+
+    session = ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), FileHashMemo(None)),
+                           t.device("cpu"), False, "fp32")
+    with pytest.raises(DatasetError, match="none of its 3 images could be decoded"):
+        encode_images(session, ds, EmbeddingStore(tmp_path / "c"), {"k": 1}, 2, 0, "skip",
+                      StageProgress(enabled=False))

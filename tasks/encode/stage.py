@@ -190,6 +190,8 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
                         writer.add(model.encode_images(batch.pixels)[keep], indices, **extra)
                         encoded += len(indices)
                 advance(int((batch.indices >= start).sum()) + len(errors))
+        if writer.dim is None:
+            raise DatasetError(f"dataset {dataset.name!r}: none of its {len(dataset)} images could be decoded")
         # Rows written < n_samples exactly when undecodable images were skipped.
         ref = writer.finish(meta={"model": session.resolved.display_name, "dataset": dataset.name,
                                   "split": dataset.split, "n_samples": len(dataset)})
@@ -199,6 +201,8 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
 def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore, key_fields: dict, kind: str,
                  batch_size: int, progress: StageProgress, label: str, aux_values: dict[str, np.ndarray] | None = None,
                  meta: dict[str, Any] | None = None) -> EncodeOutcome:
+    if not texts:
+        raise DatasetError(f"{label}: there are no {kind}s to encode")
     key = entry_key(key_fields)
     if store.has(key):
         return EncodeOutcome(store.open(key, key_fields).ref(), cache_hit=True)

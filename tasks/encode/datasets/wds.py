@@ -138,6 +138,8 @@ def load_webdataset(name: str, root: Path, split: str, limit: int | None) -> Web
         if not shard.exists():
             raise DatasetError(f"dataset {name!r}: shard {shard} is missing ({nshards_path} says {nshards} shards)")
         _index_shard(ds, shard_id, shard, label_ext, labels, captions, limit)
+    if not ds.members:
+        raise DatasetError(f"dataset {name!r}: {root / split} has no samples")
     if kind == "retrieval":
         ds.captions = captions
     else:
