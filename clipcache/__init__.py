@@ -12,7 +12,7 @@ from typing import Any
 
 from storage.errors import CacheIntegrityError, ClipcacheError, ConfigError, DatasetError, ModelError
 
-__all__ = ["run_task", "ClipcacheError", "ConfigError", "DatasetError", "ModelError", "CacheIntegrityError"]
+__all__ = ["run_task", "connect", "ClipcacheError", "ConfigError", "DatasetError", "ModelError", "CacheIntegrityError"]
 
 
 def run_task(task_cfg: dict[str, Any] | str) -> list[dict[str, Any]]:
@@ -26,3 +26,10 @@ def run_task(task_cfg: dict[str, Any] | str) -> list[dict[str, Any]]:
     results = evaluate(to_evaluate_params(task_cfg))
     return [{"dataset": r.dataset, "model": r.model, "task": r.task, "metrics": r.metrics, "status": r.status}
             for r in results]
+
+
+def connect(output_dir: str = "outputs"):
+    """A DuckDB connection whose views ``metrics`` and ``runs`` are the results under ``output_dir``."""
+    from storage.warehouse import connect as _connect
+
+    return _connect(output_dir)

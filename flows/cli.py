@@ -98,8 +98,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(params, cached_only: bool = False) -> int:
+    from flows.console import print_results
     from flows.evaluate import evaluate, rescore
-    from flows.report import print_results
 
     results = (rescore if cached_only else evaluate)(params)
     print_results(out, results, params.output_dir)
@@ -117,8 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", help="task_cfg.json or task_cfg.yaml")
     run.set_defaults(handler=_cmd_run)
     from flows.cli_cache import add_cache_parser
+    from flows.cli_query import add_query_parser, add_report_parser, add_results_parser
 
     add_cache_parser(sub)
+    add_query_parser(sub)
+    add_results_parser(sub)
+    add_report_parser(sub)
     return parser
 
 

@@ -1,40 +1,35 @@
-"""Console rendering of a run's results: one row per metric, the pair's details on its first row."""
+"""The ``report`` flow: dbt builds the marts over the Parquet results, then a static HTML report is rendered."""
 
 from __future__ import annotations
 
-import math
+from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
+from flows import runtime
 
-TASK_SHORT = {"zeroshot_classification": "classification", "zeroshot_retrieval": "retrieval"}
+runtime.configure()
 
+from prefect import flow, task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+from pydantic import BaseModel, ConfigDict  # noqa: E402
 
-def format_value(value: float | None) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
-
-
-def cache_state(result) -> str:
-    if result.status == "skipped":
-        return "skipped"  # its result file exists (--skip_existing)
-    if result.cache_hit:
-        return "cache hit"
-    return "resumed" if result.resumed else "encoded"
+from tasks.report.dbt_build import dbt_build  # noqa: E402
+from tasks.report.html import render_report  # noqa: E402
 
 
-def print_results(console: Console, results: list, output_dir: str) -> None:
-    table = Table(title="clipcache results")
-    for column, justify in (("model", "left"), ("dataset", "left"), ("task", "left"), ("metric", "left"),
-                            ("value", "right"), ("n", "right"), ("cache", "left"), ("encode s", "right")):
-        table.add_column(column, justify=justify, no_wrap=column == "metric")  # type: ignore[arg-type]
-    for r in results:
-        metrics = list(r.metrics.items()) or [("", None)]
-        for i, (name, value) in enumerate(metrics):
-            first = i == 0
-            table.add_row(r.model.split("/")[-1] if first else "", r.dataset if first else "",
-                          TASK_SHORT.get(r.task, r.task) if first else "", name,
-                          format_value(value) if name else "", str(r.n_samples) if first and r.n_samples else "",
-                          cache_state(r) if first else "", f"{r.encode_seconds:.1f}" if first else "",
-                          end_section=i == len(metrics) - 1)
-    console.print(table)
-    console.print(f"results: {output_dir}/<model>/<dataset>_<task>.json; Parquet rows under {output_dir}/warehouse/")
+class ReportParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    output_dir: str = "outputs"
+    report_path: str | None = None  # default: <output_dir>/report/index.html
+
+
+build_marts = task(dbt_build, name="dbt-build", cache_policy=NO_CACHE)
+render = task(render_report, name="render-html", cache_policy=NO_CACHE)
+
+
+@flow(name="report", validate_parameters=True, log_prints=False)
+def report(params: ReportParams) -> str:
+    """Run `dbt build` (models, data tests, unit tests) and write the HTML report; returns its path."""
+    database = build_marts(params.output_dir)
+    out = Path(params.report_path) if params.report_path else Path(params.output_dir) / "report" / "index.html"
+    return str(render(database, out))

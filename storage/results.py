@@ -71,8 +71,17 @@ def write_json(path: Path, payload: dict[str, Any]) -> Path:
     return Path(path)
 
 
+# Physical files also carry `source_file`: null in files written by runs, the absorbed file's name in compacted
+# files (storage/compaction.py). The `metrics` / `runs` views hide it.
+SOURCE_COLUMN = "source_file"
+
+
+def physical_schema(schema: pa.Schema) -> pa.Schema:
+    return schema.append(pa.field(SOURCE_COLUMN, pa.string()))
+
+
 def _write_table(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> Path:
-    table = pa.Table.from_pylist(rows, schema=schema)
+    table = pa.Table.from_pylist([{**r, SOURCE_COLUMN: None} for r in rows], schema=physical_schema(schema))
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))
     return path
 
@@ -99,4 +108,4 @@ def read_metric_rows(output_dir: str | Path) -> pa.Table:
     files = sorted((warehouse_dir(output_dir) / "metrics").glob("*.parquet"))
     if not files:
         return METRIC_SCHEMA.empty_table()
-    return pa.concat_tables([pq.read_table(f, schema=METRIC_SCHEMA) for f in files])
+    return pa.concat_tables([pq.read_table(f, columns=METRIC_SCHEMA.names).cast(METRIC_SCHEMA) for f in files])

@@ -1,0 +1,2 @@
+-- Every visible run row.
+{{ visible_rows(source('warehouse', 'runs')) }}

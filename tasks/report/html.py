@@ -1,0 +1,171 @@
+"""A static, self-contained HTML report from the dbt marts: one file, inline SVG charts, no scripts, no network."""
+
+from __future__ import annotations
+
+import html
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+
+PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px 40px;color:#1f2328;background:#fff}
+h1{font-size:24px;margin:0 0 4px} h2{font-size:18px;margin:32px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
+.muted{color:#656d76} table{border-collapse:collapse;margin:8px 0}
+th,td{border:1px solid #d0d7de;padding:4px 10px;text-align:left} th{background:#f6f8fa}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.regressed td{background:#ffebe9} tr.improved td{background:#dafbe1}
+.charts{display:flex;flex-wrap:wrap;gap:24px} figure{margin:0} figcaption{font-weight:600;margin-bottom:4px}
+"""
+
+
+def _e(value) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _when(value) -> str:
+    return value.strftime("%Y-%m-%d %H:%M") if isinstance(value, datetime) else _e(value)
+
+
+def _num(value, digits: int = 4) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _table(headers: list[str], rows: list[list[str]], numeric: set[int], row_classes: list[str] | None = None) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = []
+    for i, row in enumerate(rows):
+        cls = f' class="{row_classes[i]}"' if row_classes and row_classes[i] else ""
+        cells = "".join(f'<td class="num">{c}</td>' if j in numeric else f"<td>{c}</td>" for j, c in enumerate(row))
+        body.append(f"<tr{cls}>{cells}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _colour(value: float | None) -> str:
+    """White (0) to blue (1)."""
+    if value is None:
+        return "#eeeeee"
+    v = max(0.0, min(1.0, value))
+    r, g, b = (int(255 - v * (255 - c)) for c in (33, 102, 172))
+    return f"rgb({r},{g},{b})"
+
+
+def heatmap_svg(models: list[str], datasets: list[str], values: dict[tuple[str, str], float]) -> str:
+    cell_w, cell_h, left, top = 120, 34, 220, 130
+    width, height = left + cell_w * len(datasets) + 20, top + cell_h * len(models) + 20
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+             f'aria-label="model by dataset heatmap">']
+    for j, d in enumerate(datasets):
+        x = left + j * cell_w + cell_w / 2
+        parts.append(f'<text x="{x - 20}" y="{top - 8}" transform="rotate(-30 {x - 20} {top - 8})" '
+                     f'font-size="12">{_e(d)}</text>')
+    for i, m in enumerate(models):
+        y = top + i * cell_h
+        parts.append(f'<text x="{left - 8}" y="{y + cell_h / 2 + 4}" text-anchor="end" font-size="12">{_e(m)}</text>')
+        for j, d in enumerate(datasets):
+            v = values.get((m, d))
+            x = left + j * cell_w
+            parts.append(f'<rect x="{x}" y="{y}" width="{cell_w - 2}" height="{cell_h - 2}" fill="{_colour(v)}">'
+                         f'<title>{_e(m)} / {_e(d)}: {_num(v)}</title></rect>')
+            ink = "#fff" if v is not None and v > 0.6 else "#1f2328"
+            parts.append(f'<text x="{x + cell_w / 2}" y="{y + cell_h / 2 + 4}" text-anchor="middle" font-size="12" '
+                         f'fill="{ink}">{_num(v, 3)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def curve_svg(series: dict[str, list[tuple[int, float]]]) -> str:
+    """recall@k against k (log-spaced x when k spans a wide range), one polyline per series."""
+    import math
+
+    width, height, left, bottom, top, right = 560, 260, 48, 36, 12, 250
+    ks = sorted({k for points in series.values() for k, _ in points})
+    if not ks:
+        return ""
+    log = ks[-1] / max(ks[0], 1) > 8
+
+    def xpos(k: int) -> float:
+        lo, hi = (math.log(ks[0]), math.log(ks[-1])) if log else (ks[0], ks[-1])
+        v = math.log(k) if log else k
+        return left + (0.5 if hi == lo else (v - lo) / (hi - lo)) * (width - left - right)
+
+    def ypos(v: float) -> float:
+        return top + (1 - v) * (height - top - bottom)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+             f'aria-label="recall at k">',
+             f'<line x1="{left}" y1="{ypos(0)}" x2="{width - right}" y2="{ypos(0)}" stroke="#888"/>',
+             f'<line x1="{left}" y1="{ypos(0)}" x2="{left}" y2="{ypos(1)}" stroke="#888"/>']
+    for tick in (0, 0.25, 0.5, 0.75, 1.0):
+        parts.append(f'<text x="{left - 6}" y="{ypos(tick) + 4}" text-anchor="end" font-size="11">{tick:.2f}</text>'
+                     f'<line x1="{left}" y1="{ypos(tick)}" x2="{width - right}" y2="{ypos(tick)}" stroke="#eee"/>')
+    for k in ks:
+        parts.append(f'<text x="{xpos(k)}" y="{height - bottom + 16}" text-anchor="middle" font-size="11">{k}</text>')
+    parts.append(f'<text x="{(left + width - right) / 2}" y="{height - 4}" text-anchor="middle" font-size="11">k'
+                 f'</text>')
+    for n, (name, points) in enumerate(sorted(series.items())):
+        colour = PALETTE[n % len(PALETTE)]
+        pts = " ".join(f"{xpos(k):.1f},{ypos(v):.1f}" for k, v in sorted(points))
+        parts.append(f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for k, v in points:
+            parts.append(f'<circle cx="{xpos(k):.1f}" cy="{ypos(v):.1f}" r="3" fill="{colour}">'
+                         f'<title>{_e(name)} recall@{k} = {v:.4f}</title></circle>')
+        parts.append(f'<rect x="{width - right + 10}" y="{top + n * 18}" width="12" height="12" fill="{colour}"/>'
+                     f'<text x="{width - right + 26}" y="{top + n * 18 + 10}" font-size="11">{_e(name)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def render_report(database: Path, out: Path, history_rows: int = 200) -> Path:
+    # dbt-duckdb may still hold this file open in this process; a second connection must use the same config.
+    con = duckdb.connect(str(database))
+    summary = con.sql("select model, pretrained, n_datasets, macro_average, newest_result from model_summary "
+                      "order by macro_average desc nulls last").fetchall()
+    board = con.sql("select model, dataset, task, main_metric, main_value, n_samples, run_id, created_at "
+                    "from leaderboard order by dataset, main_value desc nulls last").fetchall()
+    curves = con.sql("select model, dataset, direction, k, value from retrieval_curves order by dataset, k").fetchall()
+    history = con.sql(f"select created_at, model, dataset, metric, k, previous_value, value, delta, regressed, improved "
+                      f"from metric_history where previous_value is not null "
+                      f"order by regressed desc, improved desc, created_at desc limit {int(history_rows)}").fetchall()
+    n_regressed = con.sql("select count(*) from metric_history where regressed").fetchall()[0][0]
+    con.close()
+
+    models = sorted({r[0] for r in board})
+    datasets = sorted({r[1] for r in board})
+    heat = {(r[0], r[1]): r[4] for r in board}
+    by_dataset: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for model, dataset, direction, k, value in curves:
+        by_dataset.setdefault(dataset, {}).setdefault(f"{model} · {direction}", []).append((k, value))
+
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    sections = [
+        f"<h1>clipcache report</h1><p class='muted'>{len(models)} models, {len(datasets)} datasets, latest run per "
+        f"model × dataset · generated {now} · {n_regressed} regression(s) flagged</p>",
+        "<h2>Models (macro average of each dataset's main metric)</h2>",
+        _table(["model", "pretrained", "datasets", "macro average", "newest result"],
+               [[_e(m), _e(p), str(n), _num(v), _when(t)] for m, p, n, v, t in summary], {2, 3}),
+        "<h2>Leaderboard</h2><p class='muted'>Main metric: acc1 for classification (mAP for multilabel), mean of "
+        "text→image and image→text recall@5 for retrieval.</p>",
+        _table(["model", "dataset", "task", "main metric", "value", "n", "run", "created"],
+               [[_e(m), _e(d), _e(t), _e(mm), _num(v), _e(n), _e(r), _when(c)] for m, d, t, mm, v, n, r, c in board],
+               {4, 5}),
+        "<h2>Model × dataset</h2>", heatmap_svg(models, datasets, heat) if board else "<p>No results yet.</p>",
+        "<h2>Retrieval recall@k</h2>",
+        "<div class='charts'>" + "".join(f"<figure><figcaption>{_e(d)}</figcaption>{curve_svg(s)}</figure>"
+                                         for d, s in sorted(by_dataset.items())) + "</div>"
+        if by_dataset else "<p>No retrieval results.</p>",
+        "<h2>History: change against the previous run</h2><p class='muted'>Red: worse by more than the threshold "
+        "in the metric's own direction; green: better.</p>",
+        _table(["created", "model", "dataset", "metric", "k", "previous", "value", "change", "flag"],
+               [[_when(c), _e(m), _e(d), _e(mt), _e(k), _num(p), _num(v), _num(dl, 4),
+                 "regressed" if rg else "improved" if im else ""]
+                for c, m, d, mt, k, p, v, dl, rg, im in history], {4, 5, 6, 7},
+               ["regressed" if r[8] else "improved" if r[9] else "" for r in history])
+        if history else "<p class='muted'>No metric has been measured twice yet.</p>",
+    ]
+    page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>clipcache report</title>"
+            f"<style>{CSS}</style></head><body>{''.join(sections)}</body></html>")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out

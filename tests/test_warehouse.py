@@ -1,0 +1,170 @@
+"""Results warehouse: SQL views, query CLI, append-only atomic writes, compaction, real dbt build, HTML report in a
+real headless browser."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from flows.cli import main
+from storage.compaction import compact, table_checksum
+from storage.results import new_run_id, warehouse_dir, write_metric_rows, write_run_row
+from storage.warehouse import connect
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def metric_row(run_id, created_at, model="m", dataset="d", task="zeroshot_classification", metric="acc", k=1,
+               value=0.5, higher=True):
+    return {"run_id": run_id, "created_at": created_at, "model": model, "pretrained": None, "model_fingerprint": "f",
+            "dataset": dataset, "split": "test", "language": "en", "task": task, "metric": metric, "k": k,
+            "value": value, "higher_is_better": higher, "n_samples": 10, "cache_keys": ["a", "b"],
+            "clipcache_version": "0.1.0"}
+
+
+def write_run(out, when, rows):
+    run_id = new_run_id()
+    write_metric_rows(out, run_id, [metric_row(run_id, when, **r) for r in rows])
+    write_run_row(out, {"run_id": run_id, "created_at": when, "finished_at": when, "status": "completed",
+                        "config": {"x": 1}, "versions": {}, "device": "cpu", "durations": {},
+                        "clipcache_version": "0.1.0"})
+    return run_id
+
+
+@pytest.fixture
+def history(tmp_path):
+    """Two models, a classification and a retrieval dataset, two nights; model b regresses on night 2."""
+    out = tmp_path / "outputs"
+    for night, (a_acc, b_acc) in enumerate([(0.70, 0.80), (0.72, 0.60)]):
+        when = T0 + timedelta(days=night)
+        for model, acc in (("model-a", a_acc), ("model-b", b_acc)):
+            write_run(out, when, [
+                {"model": model, "dataset": "cls", "metric": "acc", "k": 1, "value": acc},
+                {"model": model, "dataset": "cls", "metric": "acc", "k": 5, "value": min(1.0, acc + 0.2)},
+                *[{"model": model, "dataset": "ret", "task": "zeroshot_retrieval", "metric": f"{d}_retrieval_recall",
+                   "k": k, "value": min(1.0, acc * (1 + k / 10))} for d in ("image", "text") for k in (1, 5, 10)],
+            ])
+    return out
+
+
+def test_views_and_empty_warehouse(history, tmp_path):
+    con = connect(history)
+    assert con.sql("select count(*) from metrics").fetchall() == [(4 * 8,)]
+    assert con.sql("select count(*), min(status) from runs").fetchall() == [(4, "completed")]
+    assert "source_file" not in con.sql("select * from metrics").columns
+    assert connect(tmp_path / "nothing").sql("select count(*) from metrics").fetchall() == [(0,)]
+
+
+def test_query_cli_formats(history, tmp_path, capsys):
+    sql = "select model, value from metrics where metric = 'acc' and k = 1 order by created_at, model"
+    assert main(["query", sql, "--output_dir", str(history), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0] == {"model": "model-a", "value": 0.7} and len(rows) == 4
+    assert main(["query", sql, "--output_dir", str(history), "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == ["model,value", "model-a,0.7"]
+    target = tmp_path / "q.parquet"
+    assert main(["query", sql, "--output_dir", str(history), "--format", "parquet", "--out", str(target)]) == 0
+    assert pq.read_table(target).num_rows == 4
+    assert main(["query", "select nope from metrics", "--output_dir", str(history)]) == 1
+    assert "query failed" in capsys.readouterr().err
+
+
+def test_python_connect(history):
+    import clipcache
+
+    assert clipcache.connect(str(history)).sql("select count(distinct model) from metrics").fetchall() == [(2,)]
+
+
+def test_a_crashed_write_leaves_nothing_visible(history):
+    folder = warehouse_dir(history) / "metrics"
+    (folder / ".run.parquet.abc.tmp").write_bytes(b"PAR1 half a file")  # what a crash mid-write leaves
+    assert connect(history).sql("select count(*) from metrics").fetchall() == [(32,)]
+
+
+def test_compaction_keeps_every_row_and_runs_beside_concurrent_writers(history):
+    before = table_checksum(history, "metrics")
+    stop = threading.Event()
+    written = []
+
+    def writer():
+        while not stop.is_set():
+            written.append(write_run(history, T0 + timedelta(days=5), [{"model": "late", "value": 0.1}]))
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        report = compact(history, "metrics")
+    finally:
+        stop.set()
+        thread.join()
+    assert report.files_before >= 8 and report.rows_before >= before[0]
+    con = connect(history)
+    assert con.sql("select count(*) from metrics").fetchall() == [(32 + len(written),)]
+    assert con.sql("select count(*) from metrics where model = 'late'").fetchall() == [(len(written),)]
+    again = compact(history, "metrics")
+    assert again.files_after == 1 and (again.rows_before, again.checksum_before) == (again.rows_after,
+                                                                                     again.checksum_after)
+
+
+def test_interrupted_compaction_hides_leftovers(history, tmp_path, capsys):
+    folder = warehouse_dir(history) / "metrics"
+    backup = tmp_path / "backup"
+    shutil.copytree(folder, backup)
+    before = table_checksum(history, "metrics")
+    compact(history, "metrics")
+    for f in backup.glob("*.parquet"):  # as if deleting the sources had been interrupted
+        shutil.copy(f, folder)
+    assert table_checksum(history, "metrics") == before
+    assert main(["results", "--output_dir", str(history), "compact"]) == 0
+    assert "(unchanged)" in capsys.readouterr().out
+    assert len(list(folder.glob("*.parquet"))) == 1
+
+
+@pytest.mark.slow
+def test_dbt_build_and_report_in_a_real_browser(history, tmp_path):
+    from flows.report import ReportParams, report
+
+    with_compaction = compact(history, "metrics")  # the marts must read compacted warehouses too
+    assert with_compaction.files_after == 1
+    html_path = Path(report(ReportParams(output_dir=str(history))))
+    page = html_path.read_text()
+    assert "model-b" in page and "regressed" in page and "<svg" in page
+    import duckdb
+
+    con = duckdb.connect(str(history / "report" / "reports.duckdb"))
+    board = dict(((m, d), v) for m, d, v in con.sql("select model, dataset, main_value from leaderboard").fetchall())
+    assert board[("model-b", "cls")] == pytest.approx(0.60)  # the latest night, not the better first one
+    assert con.sql("select count(*) from metric_history where regressed and model = 'model-b' and metric = 'acc' "
+                   "and k = 1").fetchall() == [(1,)]
+    con.close()
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must install chromium (.ci/run does)")
+        pytest.skip("chromium is not installed here (apt-get install chromium)")
+    shot = tmp_path / "report.png"
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1280,1600",
+                    html_path.as_uri()], check=True, capture_output=True, timeout=120)
+    from PIL import Image
+
+    img = Image.open(shot).convert("RGB")
+    assert img.size == (1280, 1600)
+    colours = img.getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50  # text, tables, heatmap, curves: not a blank page
+    # The heatmap's blue cells and the curves' orange line are on the page.
+    import numpy as np
+
+    px = np.asarray(img).reshape(-1, 3).astype(int)
+    r, g, b = px[:, 0], px[:, 1], px[:, 2]
+    assert ((b > 150) & (r < 120)).any() and ((r > 230) & (g > 110) & (g < 150) & (b < 60)).any()
