@@ -82,11 +82,24 @@ def run_pairs(params: EvaluateParams, cached_only: bool) -> list[PairResult]:
         write_run_row(params.output_dir, {
             "run_id": run_id, "created_at": created_at, "finished_at": datetime.now(UTC), "status": status,
             "config": params.model_dump_json(), "device": device,
-            "versions": {"clipcache": clipcache_version(), "python": platform.python_version()},
+            "versions": library_versions(),
             "durations": {"total_seconds": time.perf_counter() - started,
-                          "pairs": [[r.model, r.dataset, r.encode_seconds, r.score_seconds] for r in results]},
+                          "pairs": [{"model": r.model, "dataset": r.dataset, "encode_seconds": r.encode_seconds,
+                                     "score_seconds": r.score_seconds} for r in results]},
             "clipcache_version": clipcache_version(),
         })
+
+
+def library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for name in ("clipcache", "torch", "open_clip_torch", "transformers", "prefect", "zarr", "numpy"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found
 
 
 def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run_id, created_at) -> PairResult:

@@ -21,7 +21,7 @@ from PIL import Image, ImageDraw
 
 from tasks.encode.datasets.base import ClassPrompts, EvalDataset, Task
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 IMAGE_SIZE = 64
 COLOURS = {
     "red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220),
@@ -94,9 +94,9 @@ def render(s: ShapeSample) -> Image.Image:
 
 CAPTION_STYLES = (
     "a {size} {colour} {shape} {where} on a {background} background",
-    "a picture of a {colour} {shape} {where}",
-    "{size} {colour} {shape} over {background}",
-    "there is a {colour} {shape} {where}, {background} background",
+    "a picture of a {size} {colour} {shape} {where}, {background} background",
+    "{size} {colour} {shape} {where} over {background}",
+    "there is a {size} {colour} {shape} {where}, {background} background",
 )
 
 
