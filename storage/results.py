@@ -102,10 +102,3 @@ def write_run_row(output_dir: str | Path, row: dict[str, Any]) -> Path:
             row[field] = json.dumps(row.get(field), sort_keys=True, default=str)
     path = warehouse_dir(output_dir) / "runs" / f"{row['run_id']}.parquet"
     return _write_table(path, [row], RUN_SCHEMA)
-
-
-def read_metric_rows(output_dir: str | Path) -> pa.Table:
-    files = sorted((warehouse_dir(output_dir) / "metrics").glob("*.parquet"))
-    if not files:
-        return METRIC_SCHEMA.empty_table()
-    return pa.concat_tables([pq.read_table(f, columns=METRIC_SCHEMA.names).cast(METRIC_SCHEMA) for f in files])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -74,7 +74,6 @@ class Scored:
     metrics: dict[str, float]
     n_samples: int
     seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
 
 
 def select_task(dataset: EvalDataset, requested: str) -> Task:

@@ -7,7 +7,6 @@ import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from storage.errors import ConfigError
 from storage.results import json_safe_metrics, write_json, write_metric_rows
@@ -76,7 +75,7 @@ def metric_rows(ctx: PairContext, metrics: dict[str, float], n_samples: int, cac
 
 
 def write_pair_results(ctx: PairContext, metrics: dict[str, float], n_samples: int, cache_keys: list[str],
-                       output_dir: str, output_template: str | None, extra: dict[str, Any] | None = None) -> list[Path]:
+                       output_dir: str, output_template: str | None) -> list[Path]:
     safe = json_safe_metrics(metrics)
     paths = [write_json(evalscope_result_path(output_dir, ctx.spec, ctx.dataset, ctx.task), {
         "dataset": ctx.dataset, "model": ctx.spec.model_name, "task": ctx.task, "metrics": safe})]
@@ -84,6 +83,6 @@ def write_pair_results(ctx: PairContext, metrics: dict[str, float], n_samples: i
         path = clip_benchmark_output_path(output_template, ctx.spec, ctx.dataset, ctx.task, ctx.language)
         paths.append(write_json(path, {
             "dataset": ctx.dataset, "model": ctx.spec.model_name, "pretrained": ctx.spec.pretrained,
-            "task": ctx.task, "metrics": safe, "language": ctx.language, **(extra or {})}))
+            "task": ctx.task, "metrics": safe, "language": ctx.language}))
     paths.append(write_metric_rows(output_dir, ctx.run_id, metric_rows(ctx, metrics, n_samples, cache_keys)))
     return paths

@@ -93,6 +93,20 @@ def write_wds(root: Path, kind: str, n: int, shards: int = 2, split: str = "test
     return root
 
 
+def replace_tar_member(shard: Path, member: str, data: bytes) -> None:
+    """Rewrite a shard with one member's bytes replaced (to make a corrupt image)."""
+    import tarfile
+
+    with tarfile.open(shard) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    with tarfile.open(shard, "w") as tar:
+        for m, content in members:
+            if m.name == member:
+                content = data
+                m.size = len(data)
+            tar.addfile(m, io.BytesIO(content))
+
+
 def write_image_queries(root: Path, n: int = 12, relative_to: str = "file") -> Path:
     """evalscope's custom retrieval layout: images on disk + image_queries.jsonl."""
     from tasks.encode.datasets import shapes

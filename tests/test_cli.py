@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -17,7 +15,7 @@ import yaml
 from flows.cli import main
 from storage.errors import ConfigError
 
-from conftest import REPO, write_image_queries, write_wds
+from conftest import REPO, replace_tar_member, write_image_queries, write_wds
 
 
 @pytest.fixture
@@ -123,15 +121,7 @@ def test_unknown_config_keys_are_named():
 @pytest.fixture(scope="module")
 def broken_wds(tmp_path_factory):
     root = write_wds(tmp_path_factory.mktemp("broken") / "d", "classification", 12, shards=1, fmt="png")
-    shard = root / "test" / "0.tar"
-    with tarfile.open(shard) as tar:
-        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
-    with tarfile.open(shard, "w") as tar:
-        for m, data in members:
-            if m.name == "s000004.png":
-                data = b"\x89PNG garbage"
-                m.size = len(data)
-            tar.addfile(m, io.BytesIO(data))
+    replace_tar_member(root / "test" / "0.tar", "s000004.png", b"\x89PNG garbage")
     return root
 
 

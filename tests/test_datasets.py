@@ -15,7 +15,7 @@ from tasks.encode.datasets import format_root, open_dataset
 from tasks.encode.datasets.shapes import CLASSNAMES, load_shapes
 from tasks.encode.stage import iter_image_batches
 
-from conftest import write_image_queries, write_wds
+from conftest import replace_tar_member, write_image_queries, write_wds
 
 
 def test_webdataset_classification_in_shard_order(wds_classification):
@@ -78,17 +78,9 @@ def test_missing_directory_and_shard(tmp_path):
 def test_corrupt_image_and_corrupt_shard_are_named(tmp_path):
     root = write_wds(tmp_path / "d", "classification", 6, shards=1, fmt="png")
     shard = root / "test" / "0.tar"
-    # Rewrite the shard with the 3rd image truncated.
     with tarfile.open(shard) as tar:
-        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
-    with tarfile.open(shard, "w") as tar:
-        for m, data in members:
-            if m.name == "s000002.png":
-                data = data[:40]
-                m.size = len(data)
-            import io
-
-            tar.addfile(m, io.BytesIO(data))
+        truncated = tar.extractfile("s000002.png").read()[:40]
+    replace_tar_member(shard, "s000002.png", truncated)
     ds = open_dataset("wds/d", str(root), "test", None)
     with pytest.raises(DatasetError, match=r"0\.tar member s000002\.png"):
         ds.load_image(2)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -47,7 +47,6 @@ class EvalDataset(ABC):
     captions: list[list[str]] | None = None  # per sample, for retrieval
     prompts: ClassPrompts | None = None
     multilabel: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @abstractmethod
     def __len__(self) -> int: ...
