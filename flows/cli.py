@@ -42,6 +42,9 @@ def _eval_parser(sub: argparse._SubParsersAction, command: str = "eval") -> None
     _flag(p, "split", default="test")
     _flag(p, "task", choices=["auto", "zeroshot_classification", "zeroshot_retrieval"], default="auto")
     _flag(p, "language", default="en")
+    _flag(p, "classnames", default=None, help="class names file (JSON list or one per line) replacing the dataset's")
+    _flag(p, "templates", default=None, help="templates file (JSON list or one per line, with {c}) replacing the "
+                                             "dataset's")
     _flag(p, "recall_k", nargs="+", type=int, default=[1, 5, 10])
     _flag(p, "retrieval_metrics", nargs="+", choices=["recall", "mrr", "ndcg", "rank"], default=["recall"],
           help="retrieval metric families (default: recall, as clip_benchmark)")
@@ -82,6 +85,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     params = validate(EvaluateParams, {
         "models": _models_from_args(args), "datasets": args.dataset, "dataset_root": args.dataset_root,
         "split": args.split, "task": args.task, "language": args.language, "recall_k": args.recall_k,
+        "classnames": args.classnames, "templates": args.templates,
         "retrieval_metrics": args.retrieval_metrics,
         "batch_size": args.batch_size, "num_workers": args.num_workers, "limit": args.limit, "amp": args.amp,
         "device": args.device, "on_bad_image": args.on_bad_image, "output": args.output,

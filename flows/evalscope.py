@@ -46,6 +46,8 @@ class EvalscopeEval(BaseModel):
     limit: PositiveInt | None = None
     # clipcache extensions (same meaning as the CLI flags)
     language: str = "en"
+    classnames: str | None = None
+    templates: str | None = None
     recall_k: list[PositiveInt] = Field(default_factory=lambda: [1, 5, 10], min_length=1)
     retrieval_metrics: list[Literal["recall", "mrr", "ndcg", "rank"]] = Field(default_factory=lambda: ["recall"],
                                                                                min_length=1)

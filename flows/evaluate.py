@@ -110,6 +110,8 @@ def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run
     dataset = t.open_dataset(name, params.dataset_root, params.split, params.limit)
     task = t.select_task(dataset, params.task)
     check_language(dataset, task, params.language)
+    if task == "zeroshot_classification" and (params.classnames or params.templates):
+        dataset.prompts = dataset.prompts.override(params.classnames, params.templates)
     existing = evalscope_result_path(params.output_dir, spec, name, task)
     if params.skip_existing and existing.exists():
         return PairResult(spec.model_name, name, task, status="skipped", files=[str(existing)])

@@ -26,6 +26,10 @@ class EvaluateParams(BaseModel):
     split: str = "test"
     task: TaskChoice = "auto"
     language: str = "en"
+    classnames: str | None = Field(None, description="class names file (JSON list or one per line) replacing the "
+                                                     "dataset's, same order and count")
+    templates: str | None = Field(None, description="templates file (JSON list or one per line, with {c}) replacing "
+                                                    "the dataset's")
     recall_k: list[PositiveInt] = Field(default_factory=lambda: [1, 5, 10], min_length=1)
     retrieval_metrics: list[Literal["recall", "mrr", "ndcg", "rank"]] = Field(
         default_factory=lambda: ["recall"], min_length=1,

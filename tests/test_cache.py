@@ -223,3 +223,37 @@ def test_cache_ls_info_gc(prefect_server, tmp_path, capsys):
     assert main(["cache", "--cache_dir", root, "gc", "--max_size", "0B"]) == 0
     assert EmbeddingStore(root).keys() == []
     assert main(["cache", "--cache_dir", root, "gc", "--older_than", "soon"]) == 2
+
+
+def test_rescore_with_a_new_template_set_encodes_only_new_prompts(prefect_server, tmp_path, monkeypatch):
+    root = write_wds(tmp_path / "d", "classification", 30, shards=1)
+    first = evaluate(params(tmp_path, ["wds/d"], dataset_root=str(root)))[0]
+    templates = tmp_path / "templates.json"
+    templates.write_text(json.dumps(["a photo of a {c}.", "a tiny {c}, seen from above."]))
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("rescore must not decode an image")
+
+    monkeypatch.setattr("tasks.encode.datasets.base.EvalDataset.load_image", no_decoding)
+    store = EmbeddingStore(tmp_path / "cache")
+    before = set(store.keys())
+    again = rescore(params(tmp_path, ["wds/d"], dataset_root=str(root), templates=str(templates)))[0]
+    added = [store.open(k) for k in set(store.keys()) - before]
+    assert [e.attrs["kind"] for e in added] == ["prompt"] and added[0].count == 30  # only "a tiny {c}..." x 30
+    assert again.model_loaded and not again.cache_hit and again.metrics != first.metrics
+    # Editing the dataset's own templates file is the same thing: the image embeddings stay valid.
+    (root / "zeroshot_classification_templates.txt").write_text("a photo of a {c}.\na tiny {c}, seen from above.\n")
+    assert rescore(params(tmp_path, ["wds/d"], dataset_root=str(root)))[0].metrics == again.metrics
+
+
+def test_bad_template_and_classname_files_are_named(prefect_server, tmp_path, capsys):
+    bad = tmp_path / "t.txt"
+    bad.write_text("a photo of a thing\n")
+    code = main(["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "5", "--templates", str(bad),
+                 "--output_dir", str(tmp_path / "o"), "--cache_dir", str(tmp_path / "c"), "--quiet"])
+    assert code == 2 and "has a template without {c}" in capsys.readouterr().err
+    names = tmp_path / "n.json"
+    names.write_text(json.dumps(["only", "three", "names"]))
+    code = main(["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "5", "--classnames",
+                 str(names), "--output_dir", str(tmp_path / "o"), "--cache_dir", str(tmp_path / "c"), "--quiet"])
+    assert code == 2 and "has 3 names, the dataset has 30 classes" in capsys.readouterr().err

@@ -8,18 +8,38 @@ number of workers, makes ``--limit N`` exactly the first N samples and lets an i
 from __future__ import annotations
 
 import io
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from storage.errors import DatasetError
+from storage.errors import ConfigError, DatasetError
 from storage.hashing import FileHashMemo
 
 Task = Literal["zeroshot_classification", "zeroshot_retrieval"]
 TASKS: tuple[Task, ...] = ("zeroshot_classification", "zeroshot_retrieval")
+
+
+def read_text_list(path: str | Path, what: str) -> list[str]:
+    """A JSON list of strings, or one entry per non-empty line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot read {path} ({e.strerror})") from e
+    if path.suffix == ".json":
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{what}: {path} is not valid JSON ({e.msg})") from e
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ConfigError(f"{what}: {path} must hold a JSON list of strings")
+        return items
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 @dataclass
@@ -30,6 +50,24 @@ class ClassPrompts:
     templates: list[str]
     language: str = "en"
     source: str = ""
+
+    def override(self, classnames: str | None, templates: str | None) -> ClassPrompts:
+        """Replace class names and/or templates with the contents of files (validated)."""
+        names = self.classnames
+        if classnames:
+            names = read_text_list(classnames, "classnames")
+            if len(names) != len(self.classnames):
+                raise ConfigError(f"classnames: {classnames} has {len(names)} names, the dataset has "
+                                  f"{len(self.classnames)} classes (labels index them in order)")
+        temps = self.templates
+        if templates:
+            temps = read_text_list(templates, "templates")
+            bad = [t for t in temps if "{c}" not in t]
+            if bad or not temps:
+                raise ConfigError(f"templates: {templates} " + (f"has a template without {{c}}: {bad[0]!r}" if bad
+                                                                else "is empty"))
+        source = ", ".join(str(p) for p in (classnames, templates) if p) or self.source
+        return ClassPrompts(names, temps, self.language, source)
 
     def prompts(self) -> list[str]:
         """Class-major prompt list: row ``c * len(templates) + t`` is ``templates[t].format(c=classnames[c])``."""

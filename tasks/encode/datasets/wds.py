@@ -63,9 +63,10 @@ class WebDataset(EvalDataset):
         return len(self.members)
 
     def identity(self, memo: FileHashMemo) -> dict[str, Any]:
-        meta = [self.root / n for n in ("classnames.txt", "zeroshot_classification_templates.txt", "dataset_type.txt")]
-        files = [p for p in meta if p.exists()] + self.shards_used()
-        return {"format": "wds", "content": memo.fingerprint(files, root=self.root)}
+        # The shards read, and dataset_type.txt (it decides how labels are parsed). Class names and templates are
+        # left out on purpose: they change prompts, which are cached by their own text, never image vectors.
+        meta = [p for p in [self.root / "dataset_type.txt"] if p.exists()]
+        return {"format": "wds", "content": memo.fingerprint(meta + self.shards_used(), root=self.root)}
 
     def shards_used(self) -> list[Path]:
         last = self.members[-1].shard if self.members else -1
