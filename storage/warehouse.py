@@ -1,7 +1,8 @@
 """SQL over the results: a DuckDB connection with the views ``metrics`` and ``runs`` over the Parquet files.
 
-DuckDB reads the Parquet files in place (no load step), so a query always sees every file published so far; files
-being written have temporary names that the views' globs do not match.
+DuckDB reads the Parquet files in place (no load step). A connection's views cover the files published when it was
+opened, minus those a compacted file has absorbed (storage/compaction.py); files being written have temporary names
+and are never listed. Open a new connection to see runs that finished later.
 """
 
 from __future__ import annotations
@@ -14,16 +15,23 @@ import pyarrow as pa
 from storage.results import METRIC_SCHEMA, RUN_SCHEMA, warehouse_dir
 
 
+def visible_files(folder: Path) -> list[Path]:
+    """Published result files whose rows are not already in a compacted file."""
+    from storage.compaction import covered_files
+
+    if not folder.exists():
+        return []
+    hidden = covered_files(folder)
+    return [f for f in sorted(folder.glob("*.parquet")) if f.name not in hidden]
+
+
 def _view(con: duckdb.DuckDBPyConnection, name: str, folder: Path, schema: pa.Schema) -> None:
-    files = sorted(folder.glob("*.parquet")) if folder.exists() else []
+    files = visible_files(folder)
     if files:
-        pattern = str(folder / "*.parquet").replace("'", "''")
+        paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
         columns = ", ".join(schema.names)
-        # Rows of files that a compacted file has absorbed are hidden (see storage/compaction.py).
-        con.execute(f"""CREATE OR REPLACE VIEW {name} AS
-            WITH files AS (SELECT * FROM read_parquet('{pattern}', union_by_name = true, filename = true))
-            SELECT {columns} FROM files
-            WHERE parse_filename(filename) NOT IN (SELECT source_file FROM files WHERE source_file IS NOT NULL)""")
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT {columns} FROM read_parquet([{paths}], "
+                    f"union_by_name = true)")
     else:  # an empty, typed view, so queries work before the first run
         con.register(f"_{name}_empty", schema.empty_table())
         con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{name}_empty")
