@@ -2,6 +2,7 @@
 
 - ``shapes`` / ``shapes_retrieval``: the bundled synthetic data (no files needed).
 - ``custom``: evalscope's ``image_queries.jsonl`` layout under ``dataset_root`` / ``data_dir``.
+- ``imagefolder`` / ``image_labels``: users' classification data (tasks/encode/datasets/labelled.py).
 - ``wds/<name>``: the hosted webdataset layout under ``dataset_root`` (a directory or a template with ``{dataset}`` /
   ``{dataset_cleaned}``, as in clip_benchmark).
 - any name from ``catalog.csv`` (the 43 CLIP-benchmark datasets): the same webdataset layout under ``dataset_root``.
@@ -23,6 +24,8 @@ DATASETS: Registry[Loader] = Registry("dataset", DatasetError)
 DATASETS.register("shapes", "tasks.encode.datasets.loaders:shapes_classification")
 DATASETS.register("shapes_retrieval", "tasks.encode.datasets.loaders:shapes_retrieval")
 DATASETS.register("custom", "tasks.encode.datasets.loaders:custom")
+DATASETS.register("imagefolder", "tasks.encode.datasets.loaders:imagefolder")
+DATASETS.register("image_labels", "tasks.encode.datasets.loaders:image_labels")
 
 WDS_PREFIX = "wds/"
 

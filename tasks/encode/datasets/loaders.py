@@ -26,3 +26,21 @@ def custom(name: str, root: Path | None, split: str, limit: int | None) -> EvalD
     if root is None:
         raise DatasetError("dataset 'custom' needs data_dir (or --dataset_root): the folder holding image_queries.jsonl")
     return load_image_queries(name, root, split, limit)
+
+
+def _root(name: str, root: Path | None) -> Path:
+    if root is None:
+        raise DatasetError(f"dataset {name!r} needs --dataset_root (or data_dir): the folder holding the data")
+    return root
+
+
+def imagefolder(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+    from tasks.encode.datasets.labelled import load_imagefolder
+
+    return load_imagefolder(name, _root(name, root), split, limit)
+
+
+def image_labels(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+    from tasks.encode.datasets.labelled import load_image_labels
+
+    return load_image_labels(name, _root(name, root), split, limit)
