@@ -36,7 +36,8 @@ def _eval_parser(sub: argparse._SubParsersAction, command: str = "eval") -> None
     _flag(p, "model_type", choices=["auto", "open_clip", "hf", "modelscope"], default="auto")
     _flag(p, "arch_config", default=None, help="extra open_clip architecture JSON file or folder")
     _flag(p, "hub", choices=["huggingface", "modelscope"], default="huggingface",
-          help="hub for ORG/NAME model ids (default huggingface)")
+          help="where ORG/NAME model ids and hosted datasets come from (default huggingface)")
+    _flag(p, "offline", action="store_true", default=False, help="use only datasets already in --cache_dir")
     _flag(p, "dataset", nargs="+", required=True, help="shapes, shapes_retrieval, custom, wds/<name>, catalog name")
     _flag(p, "dataset_root", default=None, help="dataset folder or template with {dataset} / {dataset_cleaned}")
     _flag(p, "split", default="test")
@@ -85,7 +86,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     params = validate(EvaluateParams, {
         "models": _models_from_args(args), "datasets": args.dataset, "dataset_root": args.dataset_root,
         "split": args.split, "task": args.task, "language": args.language, "recall_k": args.recall_k,
-        "classnames": args.classnames, "templates": args.templates,
+        "classnames": args.classnames, "templates": args.templates, "hub": args.hub, "offline": args.offline,
         "retrieval_metrics": args.retrieval_metrics,
         "batch_size": args.batch_size, "num_workers": args.num_workers, "limit": args.limit, "amp": args.amp,
         "device": args.device, "on_bad_image": args.on_bad_image, "output": args.output,

@@ -45,6 +45,8 @@ class EvalscopeEval(BaseModel):
     cache_dir: str = "cache"
     limit: PositiveInt | None = None
     # clipcache extensions (same meaning as the CLI flags)
+    hub: Literal["huggingface", "modelscope"] = "modelscope"  # evalscope downloads from ModelScope
+    offline: bool = False
     language: str = "en"
     classnames: str | None = None
     templates: str | None = None

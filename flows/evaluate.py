@@ -107,7 +107,8 @@ def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run
         existing = evalscope_result_path(params.output_dir, spec, name, params.task)
         if existing.exists():
             return PairResult(spec.model_name, name, params.task, status="skipped", files=[str(existing)])
-    dataset = t.open_dataset(name, params.dataset_root, params.split, params.limit)
+    dataset = t.open_dataset(name, params.dataset_root, params.split, params.limit, params.hub, params.cache_dir,
+                             params.offline, progress)
     task = t.select_task(dataset, params.task)
     check_language(dataset, task, params.language)
     if task == "zeroshot_classification" and (params.classnames or params.templates):

@@ -23,6 +23,9 @@ class EvaluateParams(BaseModel):
     dataset_root: str | None = Field(None, description="dataset folder, or a template with {dataset} / "
                                                        "{dataset_cleaned}; for custom: the folder with "
                                                        "image_queries.jsonl")
+    hub: Literal["huggingface", "modelscope"] = Field(
+        "huggingface", description="where hosted datasets named without dataset_root are downloaded from")
+    offline: bool = Field(False, description="use only datasets already downloaded into cache_dir")
     split: str = "test"
     task: TaskChoice = "auto"
     language: str = "en"

@@ -18,10 +18,11 @@ write_results = task(results.write_pair_results, name="write-results", cache_pol
 
 
 @task(name="open-dataset", cache_policy=NO_CACHE)
-def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | None):
+def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | None, hub: str = "huggingface",
+                 cache_dir: str | None = None, offline: bool = False, progress=None):
     from tasks.encode.datasets import open_dataset as _open
 
-    return _open(name, dataset_root, split, limit)
+    return _open(name, dataset_root, split, limit, hub, cache_dir, offline, progress)
 
 
 @task(name="prepare-model", cache_policy=NO_CACHE)

@@ -61,7 +61,9 @@ def check_name(name: str) -> None:
     raise DatasetError(f"Unknown dataset {name!r}.{hint}")
 
 
-def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | None) -> EvalDataset:
+def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | None, hub: str = "huggingface",
+                 cache_dir: str | None = None, offline: bool = False, progress=None) -> EvalDataset:
+    """Index a dataset. Hosted names without ``dataset_root`` are fetched from ``hub`` into ``cache_dir`` first."""
     check_name(name)
     if name in DATASETS:
         root = format_root(dataset_root, name) if dataset_root else None
@@ -69,8 +71,12 @@ def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | N
     from tasks.encode.datasets.wds import load_webdataset
 
     bare = name[len(WDS_PREFIX):] if name.startswith(WDS_PREFIX) else name
-    if not dataset_root:
+    if dataset_root:
+        return load_webdataset(name, format_root(dataset_root, bare), split, limit)
+    if cache_dir is None:
         raise DatasetError(f"dataset {name!r} needs --dataset_root (a local folder in the clip_benchmark webdataset "
-                           f"layout, or a template such as 'datasets/{{dataset_cleaned}}'); downloading hosted "
-                           f"datasets is not available yet")
-    return load_webdataset(name, format_root(dataset_root, bare), split, limit)
+                           f"layout) or a cache_dir to download it into")
+    from tasks.encode.datasets.download import fetch_dataset
+
+    root = fetch_dataset(name, split, hub, cache_dir, offline=offline, progress=progress)
+    return load_webdataset(name, root, split, limit)
