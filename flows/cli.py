@@ -122,12 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", help="task_cfg.json or task_cfg.yaml")
     run.set_defaults(handler=_cmd_run)
     from flows.cli_cache import add_cache_parser
+    from flows.cli_catalog import add_catalog_parsers
     from flows.cli_query import add_query_parser, add_report_parser, add_results_parser
 
     add_cache_parser(sub)
     add_query_parser(sub)
     add_results_parser(sub)
     add_report_parser(sub)
+    add_catalog_parsers(sub)
     return parser
 
 

@@ -7,12 +7,13 @@ import shutil
 
 import numpy as np
 import pytest
-
-from conftest import write_wds
 from hub_server import HubServer
+
 from storage.errors import DatasetError
 from tasks.encode.datasets import catalog, open_dataset
 from tasks.encode.datasets.download import HubDataset, fetch_dataset, repo_name
+
+from conftest import write_wds
 
 
 @pytest.fixture
@@ -96,3 +97,22 @@ def test_eval_downloads_a_catalog_dataset_by_name(prefect_server, hub, tmp_path,
     assert main(args) == 0
     assert (tmp_path / "out" / "tiny-shapes-clip" / "vtab_cifar10_zeroshot_classification.json").exists()
     assert main([*args, "--offline"]) == 0 and "cache hit" in capsys.readouterr().out
+
+
+def test_datasets_and_models_commands(hub, tmp_path, capsys):
+    from flows.cli import main
+
+    fetch_dataset("vtab_cifar10", "test", "huggingface", tmp_path / "cache")
+    assert main(["datasets", "--cache_dir", str(tmp_path / "cache")]) == 0
+    out = capsys.readouterr().out
+    line = next(row for row in out.splitlines() if "vtab_cifar10 " in row)
+    assert "wds_vtab-cifar10" in line and " test " in line and "KB" in line
+    assert main(["models", "--filter", "chinese"]) == 0
+    assert "AI-ModelScope/chinese-clip-vit-large-patch14-336px" in capsys.readouterr().out
+
+
+def test_readme_catalog_table_is_generated_from_the_catalog():
+    from conftest import REPO
+    from flows.cli_catalog import markdown_table
+
+    assert markdown_table() in (REPO / "README.md").read_text()

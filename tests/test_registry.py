@@ -30,8 +30,10 @@ def test_registry_lazy_duplicates_and_suggestions():
 
 
 @pytest.mark.parametrize("name", DATASETS.names())
-def test_every_registered_dataset_loader_imports(name):
-    assert callable(DATASETS.get(name))
+def test_every_registered_dataset_loader_imports_and_declares_its_task(name):
+    from tasks.encode.datasets import REGISTERED_TASKS
+
+    assert callable(DATASETS.get(name)) and REGISTERED_TASKS[name] in TASKS
 
 
 def test_catalog_has_the_43_benchmark_datasets_each_with_a_task():

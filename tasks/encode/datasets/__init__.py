@@ -27,6 +27,11 @@ DATASETS.register("custom", "tasks.encode.datasets.loaders:custom")
 DATASETS.register("imagefolder", "tasks.encode.datasets.loaders:imagefolder")
 DATASETS.register("image_labels", "tasks.encode.datasets.loaders:image_labels")
 
+# The task each registered (non-catalog) dataset serves.
+REGISTERED_TASKS = {"shapes": "zeroshot_classification", "shapes_retrieval": "zeroshot_retrieval",
+                    "custom": "zeroshot_retrieval", "imagefolder": "zeroshot_classification",
+                    "image_labels": "zeroshot_classification"}
+
 WDS_PREFIX = "wds/"
 
 

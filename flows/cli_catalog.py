@@ -1,0 +1,86 @@
+"""``clipcache datasets`` and ``clipcache models``: what can be evaluated."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def add_catalog_parsers(sub: argparse._SubParsersAction) -> None:
+    d = sub.add_parser("datasets", help="the dataset catalog: task, hub repository, cached or not, size")
+    d.add_argument("--cache_dir", "--cache-dir", dest="cache_dir", default="cache")
+    d.add_argument("--hub", choices=["huggingface", "modelscope"], default="huggingface")
+    d.add_argument("--markdown", action="store_true", help="print the README's catalog table")
+    d.set_defaults(handler=run_datasets)
+    m = sub.add_parser("models", help="known models: open_clip pretrained pairs, bundled, HF / ModelScope presets")
+    m.add_argument("--filter", default=None, help="only names containing this text")
+    m.set_defaults(handler=run_models)
+
+
+def catalog_rows(cache_dir: str, hub: str) -> list[dict]:
+    from flows.cli_cache import human_bytes
+    from storage.embedding_store import folder_bytes
+    from tasks.encode.datasets import DATASETS, REGISTERED_TASKS, catalog
+    from tasks.encode.datasets.download import HubDataset, repo_name
+
+    rows = []
+    for name in DATASETS.names():
+        rows.append({"name": name, "task": REGISTERED_TASKS[name], "source": "bundled" if name.startswith("shapes") else
+                     "your files (--dataset_root)", "cached": "", "size": ""})
+    for name, row in sorted(catalog().items()):
+        source = HubDataset(hub, f"clip-benchmark/{repo_name(name)}")
+        root = source.local_root(cache_dir)
+        splits = sorted(p.parent.name for p in root.glob("*/.complete.json"))
+        rows.append({"name": name, "task": row["task"], "source": source.repo, "cached": ", ".join(splits) or "no",
+                     "size": human_bytes(folder_bytes(root)) if root.exists() else ""})
+    return rows
+
+
+def markdown_table() -> str:
+    from tasks.encode.datasets import catalog
+    from tasks.encode.datasets.download import repo_name
+
+    lines = ["| name | task | Hugging Face / ModelScope repository |", "|---|---|---|"]
+    for name, row in sorted(catalog().items()):
+        note = f" ({row['notes']})" if row.get("notes") else ""
+        lines.append(f"| `{name}`{note} | {row['task']} | `clip-benchmark/{repo_name(name)}` |")
+    return "\n".join(lines)
+
+
+def run_datasets(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(markdown_table())
+        return 0
+    table = Table(title=f"datasets ({args.hub}; cache {args.cache_dir})")
+    for column in ("name", "task", "source", "cached", "size"):
+        table.add_column(column, justify="right" if column == "size" else "left")
+    for row in catalog_rows(args.cache_dir, args.hub):
+        table.add_row(*(row[c] for c in ("name", "task", "source", "cached", "size")))
+    Console(width=None if Console().is_terminal else 140).print(table)
+    return 0
+
+
+def run_models(args: argparse.Namespace) -> int:
+    import open_clip
+
+    from tasks.encode.models.resolve import BUNDLED
+
+    presets = json.loads((Path(__file__).resolve().parents[1] / "tasks" / "encode" / "models" /
+                          "presets.json").read_text())
+    rows = [("bundled", name, "", "open_clip local-dir") for name in BUNDLED]
+    rows += [("open_clip", arch, tag, "--model ARCH --pretrained TAG") for arch, tag in open_clip.list_pretrained()]
+    for hub in ("huggingface", "modelscope"):
+        rows += [(hub, p["id"], "", p["type"]) for p in presets[hub]]
+    if args.filter:
+        rows = [r for r in rows if args.filter.lower() in " ".join(r).lower()]
+    table = Table(title=f"{len(rows)} models")
+    for column in ("source", "model", "pretrained", "how"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    Console(width=None if Console().is_terminal else 140).print(table)
+    return 0
