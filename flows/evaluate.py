@@ -27,7 +27,8 @@ from storage.errors import ClipcacheError  # noqa: E402
 from storage.hashing import FileHashMemo  # noqa: E402
 from storage.results import new_run_id, write_run_row  # noqa: E402
 from tasks import prefect_tasks as t  # noqa: E402
-from tasks.evaluation import CacheMissError, EncodeOptions, check_language  # noqa: E402
+from tasks.encode.datasets.languages import localize  # noqa: E402
+from tasks.evaluation import CacheMissError, EncodeOptions  # noqa: E402
 from tasks.progress import StageProgress  # noqa: E402
 from tasks.results import PairContext, clipcache_version, evalscope_result_path  # noqa: E402
 
@@ -110,9 +111,10 @@ def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run
     dataset = t.open_dataset(name, params.dataset_root, params.split, params.limit, params.hub, params.cache_dir,
                              params.offline, progress)
     task = t.select_task(dataset, params.task)
-    check_language(dataset, task, params.language)
-    if task == "zeroshot_classification" and (params.classnames or params.templates):
-        dataset.prompts = dataset.prompts.override(params.classnames, params.templates)
+    if task == "zeroshot_classification":
+        dataset.prompts = localize(dataset.prompts, name, params.language)
+        if params.classnames or params.templates:
+            dataset.prompts = dataset.prompts.override(params.classnames, params.templates)
     existing = evalscope_result_path(params.output_dir, spec, name, task)
     if params.skip_existing and existing.exists():
         return PairResult(spec.model_name, name, task, status="skipped", files=[str(existing)])

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from storage.embedding_store import EmbeddingStore, entry_key
-from storage.errors import ClipcacheError, ConfigError, DatasetError
+from storage.errors import ClipcacheError, DatasetError
 from storage.hashing import FileHashMemo
 from tasks.encode.datasets.base import EvalDataset, Task
 from tasks.encode.stage import (
@@ -84,13 +84,6 @@ def select_task(dataset: EvalDataset, requested: str) -> Task:
         raise DatasetError(f"task {requested!r} does not fit dataset {dataset.name!r}: it is {kind} dataset "
                            f"(use --task {dataset.task} or --task auto)")
     return requested  # type: ignore[return-value]
-
-
-def check_language(dataset: EvalDataset, task: Task, language: str) -> None:
-    """Only class prompts depend on the language; say so rather than silently mislabel the result."""
-    if task == "zeroshot_classification" and dataset.prompts is not None and language != dataset.prompts.language:
-        raise ConfigError(f"language: {language!r} is not available for dataset {dataset.name!r} "
-                          f"(its class names and templates are {dataset.prompts.language!r})")
 
 
 def _require_cached(store: EmbeddingStore, fields: dict, what: str, missing: list[str]) -> bool:

@@ -112,7 +112,8 @@ def test_datasets_and_models_commands(hub, tmp_path, capsys):
 
 
 def test_readme_catalog_table_is_generated_from_the_catalog():
-    from conftest import REPO
     from flows.cli_catalog import markdown_table
+
+    from conftest import REPO
 
     assert markdown_table() in (REPO / "README.md").read_text()

@@ -1,0 +1,53 @@
+"""--language for zero-shot classification: ImageNet-1k and its variants/subsets in en, cn, jp, ar, it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import write_wds
+from storage.errors import ConfigError
+from tasks.encode.datasets import open_dataset
+from tasks.encode.datasets.base import ClassPrompts
+from tasks.encode.datasets.languages import imagenet_prompts, languages, localize
+
+
+def test_data_file_has_five_languages_of_1000_classes():
+    assert languages() == ["ar", "cn", "en", "it", "jp"]
+    for lang, data in imagenet_prompts().items():
+        assert len(data["classnames"]) == 1000 and all("{c}" in t for t in data["templates"]), lang
+
+
+def test_a_200_class_subset_maps_class_by_class():
+    data = imagenet_prompts()
+    picked = [1, 7, 42, 999]  # a subset as in imagenet-a / -r / -o
+    subset = ClassPrompts([data["en"]["classnames"][i] for i in picked], ["a photo of a {c}."])
+    cn = localize(subset, "imagenet-a", "cn")
+    assert cn.classnames == [data["cn"]["classnames"][i] for i in picked]
+    assert cn.templates == data["cn"]["templates"] and cn.language == "cn"
+    assert localize(subset, "imagenet-a", "en") is subset
+
+
+def test_other_datasets_name_their_languages():
+    with pytest.raises(ConfigError, match=r"'jp' is not available for dataset 'shapes' \(available: en;"):
+        localize(ClassPrompts(["red circle"], ["a {c}"]), "shapes", "jp")
+
+
+def test_language_on_a_webdataset_source_end_to_end(prefect_server, tmp_path):
+    """clip_benchmark ignores --language for wds sources; here the Chinese names and templates are used."""
+    from flows.evaluate import evaluate
+    from flows.params import EvaluateParams
+
+    root = write_wds(tmp_path / "imagenet-a", "classification", 12, shards=1, n_classes=6)
+    names = imagenet_prompts()["en"]["classnames"]
+    (root / "classnames.txt").write_text("\n".join(names[i] for i in (0, 1, 2, 3, 4, 5)) + "\n")
+    ds = open_dataset("wds/imagenet-a", str(root), "test", None)
+    assert localize(ds.prompts, "imagenet-a", "cn").classnames[1] == "金鱼"
+    params = EvaluateParams(models=[{"model_name": "tiny-shapes-clip"}], datasets=["wds/imagenet-a"],
+                            dataset_root=str(root), language="cn", output_dir=str(tmp_path / "o"),
+                            cache_dir=str(tmp_path / "c"), verbose=False, output=str(tmp_path / "cb.json"))
+    en = evaluate(params.model_copy(update={"language": "en", "output": None}))[0]
+    cn = evaluate(params)[0]
+    assert cn.metrics != en.metrics and en.cache_hit is False and not cn.resumed
+    assert json.loads((tmp_path / "cb.json").read_text())["language"] == "cn"
