@@ -114,7 +114,7 @@ def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run
     if task == "zeroshot_classification":
         dataset.prompts = localize(dataset.prompts, name, params.language)
         if params.classnames or params.templates:
-            dataset.prompts = dataset.prompts.override(params.classnames, params.templates)
+            dataset.prompts = dataset.prompts.override(params.classnames, params.templates, name)
     existing = evalscope_result_path(params.output_dir, spec, name, task)
     if params.skip_existing and existing.exists():
         return PairResult(spec.model_name, name, task, status="skipped", files=[str(existing)])

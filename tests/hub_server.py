@@ -29,6 +29,12 @@ class HubServer:
             def log_message(self, *args):  # keep test output clean
                 pass
 
+            def do_HEAD(self):  # noqa: N802
+                m = ROUTE.match(self.path)
+                file = server.root / m["repo"] / m["path"] if m else None
+                self.send_response(200 if file is not None and file.is_file() else 404)
+                self.end_headers()
+
             def do_GET(self):  # noqa: N802
                 server.requests.append((self.path, self.headers.get("Range")))
                 m = ROUTE.match(self.path)

@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from conftest import write_wds
 from storage.errors import ConfigError
 from tasks.encode.datasets import open_dataset
 from tasks.encode.datasets.base import ClassPrompts
 from tasks.encode.datasets.languages import imagenet_prompts, languages, localize
+
+from conftest import write_wds
 
 
 def test_data_file_has_five_languages_of_1000_classes():
@@ -51,3 +52,18 @@ def test_language_on_a_webdataset_source_end_to_end(prefect_server, tmp_path):
     cn = evaluate(params)[0]
     assert cn.metrics != en.metrics and en.cache_hit is False and not cn.resumed
     assert json.loads((tmp_path / "cb.json").read_text())["language"] == "cn"
+
+
+def test_classname_and_template_files_per_dataset(tmp_path):
+    prompts = ClassPrompts(["a", "b"], ["x {c}"])
+    per_dataset = tmp_path / "templates.json"
+    per_dataset.write_text(json.dumps({"cifar10": ["a photo of a {c}.", "a {c}."]}))
+    assert prompts.override(None, str(per_dataset), "cifar10").templates == ["a photo of a {c}.", "a {c}."]
+    assert prompts.override(None, str(per_dataset), "shapes").templates == ["x {c}"]  # not named: unchanged
+    names = tmp_path / "names.txt"
+    names.write_text("cat\ndog\n")
+    assert prompts.override(str(names), None, "anything").classnames == ["cat", "dog"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"cifar10": "not a list"}))
+    with pytest.raises(ConfigError, match="JSON list of strings"):
+        prompts.override(None, str(bad), "cifar10")

@@ -24,8 +24,9 @@ Task = Literal["zeroshot_classification", "zeroshot_retrieval"]
 TASKS: tuple[Task, ...] = ("zeroshot_classification", "zeroshot_retrieval")
 
 
-def read_text_list(path: str | Path, what: str) -> list[str]:
-    """A JSON list of strings, or one entry per non-empty line."""
+def read_text_list(path: str | Path, what: str, dataset: str | None = None) -> list[str] | None:
+    """A JSON list of strings, a JSON object of such lists keyed by dataset name (clip_benchmark's custom files;
+    None when ``dataset`` is not a key), or one entry per non-empty line."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -36,8 +37,13 @@ def read_text_list(path: str | Path, what: str) -> list[str]:
             items = json.loads(text)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{what}: {path} is not valid JSON ({e.msg})") from e
+        if isinstance(items, dict):
+            items = items.get(dataset) if dataset is not None else None
+            if items is None:
+                return None
         if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise ConfigError(f"{what}: {path} must hold a JSON list of strings")
+            raise ConfigError(f"{what}: {path} must hold a JSON list of strings, or an object of such lists keyed "
+                              f"by dataset name")
         return items
     return [line.strip() for line in text.splitlines() if line.strip()]
 
@@ -51,17 +57,18 @@ class ClassPrompts:
     language: str = "en"
     source: str = ""
 
-    def override(self, classnames: str | None, templates: str | None) -> ClassPrompts:
-        """Replace class names and/or templates with the contents of files (validated)."""
+    def override(self, classnames: str | None, templates: str | None, dataset: str | None = None) -> ClassPrompts:
+        """Replace class names and/or templates with the contents of files (validated). A file holding a JSON object
+        applies only to the datasets named as its keys."""
         names = self.classnames
-        if classnames:
-            names = read_text_list(classnames, "classnames")
+        if classnames and (given := read_text_list(classnames, "classnames", dataset)) is not None:
+            names = given
             if len(names) != len(self.classnames):
                 raise ConfigError(f"classnames: {classnames} has {len(names)} names, the dataset has "
                                   f"{len(self.classnames)} classes (labels index them in order)")
         temps = self.templates
-        if templates:
-            temps = read_text_list(templates, "templates")
+        if templates and (given := read_text_list(templates, "templates", dataset)) is not None:
+            temps = given
             bad = [t for t in temps if "{c}" not in t]
             if bad or not temps:
                 raise ConfigError(f"templates: {templates} " + (f"has a template without {{c}}: {bad[0]!r}" if bad

@@ -31,6 +31,8 @@ DEFAULT_ENDPOINTS = {"huggingface": "https://huggingface.co", "modelscope": "htt
 ENDPOINT_VARIABLES = {"huggingface": "HF_ENDPOINT", "modelscope": "MODELSCOPE_ENDPOINT"}
 REVISIONS = {"huggingface": "main", "modelscope": "master"}
 OPTIONAL = ("classnames.txt", "zeroshot_classification_templates.txt", "dataset_type.txt")
+# Split names the hosted datasets use; probed (by their small nshards.txt) to say which exist when one is missing.
+COMMON_SPLITS = ("train", "test", "val", "validation", "valid", "dev")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
 
@@ -107,6 +109,14 @@ def _fetch(url: str, target: Path, timeout: float = 60.0) -> None:
     part.rename(target)
 
 
+def _exists(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=30):  # noqa: S310
+            return True
+    except (urllib.error.URLError, TimeoutError, OSError):
+        return False
+
+
 def fetch_dataset(name: str, split: str, hub: str, cache_dir: str | Path, offline: bool = False, workers: int = 4,
                   progress: StageProgress | None = None) -> Path:
     """Make ``<cache>/datasets/<hub>/wds_<name>`` hold the metadata and the ``split``'s shards; return that folder."""
@@ -127,9 +137,9 @@ def fetch_dataset(name: str, split: str, hub: str, cache_dir: str | Path, offlin
         try:
             _fetch(source.url(f"{split}/nshards.txt"), nshards_path)
         except NotFound:
-            known = sorted(p.parent.name for p in root.glob("*/nshards.txt"))
-            raise DatasetError(f"dataset {name!r} has no split {split!r} on {hub} ({source.url(split + '/')} not "
-                               f"found){'; cached splits: ' + ', '.join(known) if known else ''}") from None
+            found = [s for s in COMMON_SPLITS if s != split and _exists(source.url(f"{s}/nshards.txt"))]
+            raise DatasetError(f"dataset {name!r} has no split {split!r} on {hub}; available splits: "
+                               f"{', '.join(found) or 'none of ' + ', '.join(COMMON_SPLITS)}") from None
     nshards = int(nshards_path.read_text().strip())
     missing = [i for i in range(nshards) if not (root / split / f"{i}.tar").exists()]
     progress = progress or StageProgress(enabled=False)
