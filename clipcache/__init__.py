@@ -16,14 +16,23 @@ __all__ = ["run_task", "connect", "ClipcacheError", "ConfigError", "DatasetError
 
 
 def run_task(task_cfg: dict[str, Any] | str) -> list[dict[str, Any]]:
-    """Run an evalscope task config; returns one ``{"dataset", "model", "task", "metrics"}`` dict per pair."""
+    """Run an evalscope task config; returns one ``{"dataset", "model", "task", "metrics"}`` dict per pair.
+
+    ``task: image_caption`` runs the convert flow (BEIR files); any other task the evaluate flow."""
     from flows import runtime
 
     runtime.configure()
-    from flows.evalscope import to_evaluate_params
+    from flows.convert_params import ConvertParams
+    from flows.evalscope import parse_task_config
+
+    params = parse_task_config(task_cfg)
+    if isinstance(params, ConvertParams):
+        from flows.convert import convert
+
+        return convert(params)
     from flows.evaluate import evaluate
 
-    results = evaluate(to_evaluate_params(task_cfg))
+    results = evaluate(params)
     return [{"dataset": r.dataset, "model": r.model, "task": r.task, "metrics": r.metrics, "status": r.status}
             for r in results]
 

@@ -97,9 +97,21 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from flows.evalscope import to_evaluate_params
+    from flows.convert_params import ConvertParams
+    from flows.evalscope import parse_task_config
 
-    return _run(to_evaluate_params(args.config))
+    params = parse_task_config(args.config)
+    if isinstance(params, ConvertParams):
+        from flows.convert import convert
+
+        for result in convert(params):
+            m = result.get("metrics", {})
+            out.print(f"{result['model']} / {result['dataset']}: " + (
+                "skipped (result exists)" if result.get("status") == "skipped" else
+                f"{m['n_captioned']}/{m['n_images']} images captioned ({m['api_calls']} API calls, "
+                f"{m['from_cache']} from cache, {m['n_failed']} failed) -> {m['save_path']}"), highlight=False)
+        return 0
+    return _run(params)
 
 
 def _run(params, cached_only: bool = False) -> int:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
+from flows.convert_params import CaptionModelSpec, ConvertParams
 from flows.params import EvaluateParams, TaskChoice, validate
 from storage.errors import ConfigError
 from tasks.encode.models.spec import ModelType
@@ -60,11 +61,39 @@ class EvalscopeEval(BaseModel):
     model_cache_dir: str | None = None
 
 
+class EvalscopeCaptionEval(BaseModel):
+    """evalscope's ``task: image_caption`` (convert an image-text dataset to BEIR with a multimodal LLM)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    models: list[CaptionModelSpec] = Field(min_length=1)
+    dataset_name: list[str] = Field(min_length=1)
+    data_dir: str | None = None
+    split: str = "test"
+    task: Literal["image_caption"]
+    batch_size: PositiveInt = 128  # accepted for compatibility; concurrency is set per model
+    num_workers: int = Field(1, ge=0)  # accepted for compatibility
+    verbose: bool = True
+    skip_existing: bool = False
+    output_dir: str = "outputs"
+    cache_dir: str = "cache"
+    limit: PositiveInt | None = None
+    hub: Literal["huggingface", "modelscope"] = "modelscope"
+    offline: bool = False
+
+
 class EvalscopeEvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tool: Literal["clip_benchmark"]
     eval: EvalscopeEval
+
+
+class _CaptionEvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tool: Literal["clip_benchmark"]
+    eval: EvalscopeCaptionEval
 
 
 class EvalscopeTaskConfig(BaseModel):
@@ -92,13 +121,30 @@ def load_task_config(source: dict[str, Any] | str | Path) -> dict[str, Any]:
     return data
 
 
+class EvalscopeCaptionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    eval_backend: Literal["RAGEval"] = "RAGEval"
+    eval_config: _CaptionEvalConfig
+
+
+def parse_task_config(task_cfg: dict[str, Any] | str | Path) -> EvaluateParams | ConvertParams:
+    """An evalscope task config -> the evaluate flow's or (task: image_caption) the convert flow's parameters."""
+    data = load_task_config(task_cfg)
+    eval_config = data.get("eval_config")
+    task = eval_config.get("eval", {}).get("task") if isinstance(eval_config, dict) and isinstance(
+        eval_config.get("eval"), dict) else None
+    if task == "image_caption":
+        cfg = validate(EvalscopeCaptionConfig, data)
+        ev = cfg.eval_config.eval
+        return validate(ConvertParams, {
+            **ev.model_dump(exclude={"models", "dataset_name", "data_dir", "task", "batch_size", "num_workers"}),
+            "models": ev.models, "datasets": ev.dataset_name, "dataset_root": ev.data_dir})
+    return to_evaluate_params(data)
+
+
 def to_evaluate_params(task_cfg: dict[str, Any] | str | Path) -> EvaluateParams:
     data = load_task_config(task_cfg)
-    task = (data.get("eval_config") or {}).get("eval", {}).get("task") if isinstance(data.get("eval_config"),
-                                                                                     dict) else None
-    if task == "image_caption":
-        raise ConfigError("eval_config.eval.task: 'image_caption' (convert to BEIR with a multimodal LLM) is not "
-                          "available in this version")
     cfg: EvalscopeTaskConfig = validate(EvalscopeTaskConfig, data)
     ev = cfg.eval_config.eval
     fields = ev.model_dump(exclude={"models", "dataset_name", "data_dir"})

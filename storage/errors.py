@@ -33,3 +33,7 @@ class CacheIntegrityError(ClipcacheError):
 
 class ResultsError(ClipcacheError):
     """Results cannot be written or read."""
+
+
+class VLMRequestError(ClipcacheError):
+    """A request to a multimodal LLM failed (fatal status, or transient errors after every retry)."""

@@ -1,0 +1,177 @@
+"""Convert: caption images through an OpenAI-compatible API (a real local HTTP server, the real openai client) into
+BEIR files that the real `beir` loader reads."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, write_image_queries, write_wds
+from hub_server import HubServer
+from storage.caption_cache import CaptionCache
+from storage.errors import VLMRequestError
+
+sys.path.insert(0, str(REPO / "scripts"))
+from fake_vlm_server import FakeVLMServer  # noqa: E402
+
+SECRET = "sk-test-SECRET-0123456789"
+
+
+@pytest.fixture
+def vlm():
+    with FakeVLMServer() as server:
+        yield server
+
+
+def seed_config(api_base, tmp_path, **eval_overrides):
+    """evalscope's image_caption example, as in seeds/000 and seeds/001 (api_base points at the local server)."""
+    cfg = {"eval_backend": "RAGEval", "eval_config": {"tool": "clip_benchmark", "eval": {
+        "models": [{"model_name": "internvl2-8b", "api_base": api_base, "api_key": SECRET,
+                    "prompt": "Describe this image in English"}],
+        "dataset_name": ["muge"], "split": "test", "task": "image_caption", "batch_size": 2, "num_workers": 1,
+        "verbose": False, "skip_existing": False, "limit": 10,
+        "output_dir": str(tmp_path / "outputs"), "cache_dir": str(tmp_path / "cache")}}}
+    cfg["eval_config"]["eval"].update(eval_overrides)
+    return cfg
+
+
+@pytest.fixture
+def muge_hub(tmp_path, monkeypatch):
+    served = tmp_path / "served"
+    write_wds(served / "clip-benchmark" / "wds_muge", "retrieval", 16, shards=1)
+    with HubServer(served) as hub:
+        monkeypatch.setenv("MODELSCOPE_ENDPOINT", hub.url)
+        yield hub
+
+
+def test_seed_config_runs_unchanged_and_beir_loads_it(prefect_server, vlm, muge_hub, tmp_path):
+    from beir.datasets.data_loader import GenericDataLoader
+
+    from clipcache import run_task
+
+    [result] = run_task(seed_config(vlm.api_base, tmp_path))
+    folder = tmp_path / "outputs" / "internvl2-8b" / "muge" / "retrieval_data"
+    assert result["metrics"]["conversion_successful"] and result["metrics"]["save_path"] == str(folder)
+    saved = json.loads((tmp_path / "outputs" / "internvl2-8b" / "muge_image_caption.json").read_text())
+    assert saved["task"] == "image_caption" and saved["metrics"]["n_corpus"] == 10
+    corpus, queries, qrels = GenericDataLoader(data_folder=str(folder)).load(split="test")
+    assert len(corpus) == 10 and len(queries) == saved["metrics"]["n_queries"] > 10  # several captions per image
+    assert set(corpus).isdisjoint(queries)  # ids never collide
+    assert all(doc in corpus for rel in qrels.values() for doc in rel)
+    assert sum(len(r) for r in qrels.values()) == len(queries)
+    mteb = [json.loads(line) for line in (folder / "qrels.jsonl").read_text().splitlines()]
+    assert {(r["query-id"], r["corpus-id"]) for r in mteb} == {(q, d) for q, rel in qrels.items() for d in rel}
+    # the prompt is user text next to the image, not a system message
+    messages = vlm.bodies[0]["messages"]
+    assert [m["role"] for m in messages] == ["user"]
+    assert messages[0]["content"][0] == {"type": "text", "text": "Describe this image in English"}
+    assert messages[0]["content"][1]["image_url"]["url"].startswith("data:image/jpeg;base64,")
+    assert "on a" in next(iter(corpus.values()))["text"]  # a real caption of the image
+
+
+def convert(tmp_path, api_base, data_dir, **model):
+    from flows.convert import convert as convert_flow
+    from flows.convert_params import ConvertParams
+
+    spec = {"model_name": "captioner", "api_base": api_base, "api_key": SECRET, "max_retries": 3, **model}
+    params = ConvertParams(models=[spec], datasets=["custom"], dataset_root=str(data_dir), verbose=False,
+                           output_dir=str(tmp_path / "out"), cache_dir=str(tmp_path / "cache"))
+    return convert_flow(params)[0]["metrics"]
+
+
+def test_transient_errors_are_retried_honouring_retry_after(prefect_server, vlm, tmp_path):
+    data = write_image_queries(tmp_path / "d", n=4)
+    vlm.fail_next = [429, 500, 503, 408]  # all four hit the first image (one request at a time)
+    m = convert(tmp_path, vlm.api_base, data, concurrency=1, max_retries=4)
+    assert m["conversion_successful"] and m["api_calls"] == 4 + 4 and m["n_corpus"] == 4
+
+
+def test_fatal_status_fails_fast_naming_model_and_status(prefect_server, vlm, tmp_path):
+    data = write_image_queries(tmp_path / "d", n=6)
+    vlm.always_status = 401
+    with pytest.raises(VLMRequestError, match="'captioner' at .* answered HTTP 401"):
+        convert(tmp_path, vlm.api_base, data, concurrency=2)
+    assert vlm.requests <= 2  # nothing retried, nothing further sent
+    assert not (tmp_path / "out" / "captioner" / "custom" / "retrieval_data").exists()
+
+
+def test_images_failing_after_all_retries_are_listed_not_captioned(prefect_server, vlm, tmp_path):
+    data = write_image_queries(tmp_path / "d", n=3)
+    vlm.fail_next = [500, 500]  # the first image's request and its one retry
+    m = convert(tmp_path, vlm.api_base, data, concurrency=1, max_retries=1)
+    assert not m["conversion_successful"] and m["n_failed"] == 1 and "img0.png" in m["failed"][0]["image"]
+    assert "HTTP 500 after 2 attempts" in m["failed"][0]["error"]
+    corpus = (tmp_path / "out" / "captioner" / "custom" / "retrieval_data" / "corpus.jsonl").read_text()
+    assert "doc-0" not in corpus and "500" not in corpus and m["n_corpus"] == 2
+
+
+def test_a_hanging_server_times_out(prefect_server, vlm, tmp_path):
+    data = write_image_queries(tmp_path / "d", n=1)
+    vlm.hang = True
+    m = convert(tmp_path, vlm.api_base, data, timeout=0.5, max_retries=1)
+    assert m["n_failed"] == 1 and "APITimeoutError" in m["failed"][0]["error"]
+
+
+def test_rerun_makes_zero_calls_and_a_longer_run_only_the_new_ones(prefect_server, vlm, tmp_path):
+    data = write_image_queries(tmp_path / "d", n=8)
+    first = convert(tmp_path, vlm.api_base, data)
+    assert first["api_calls"] == 8
+    again = convert(tmp_path, vlm.api_base, data)
+    assert again["api_calls"] == 0 and again["from_cache"] == 8
+    other_prompt = convert(tmp_path, vlm.api_base, data, prompt="Describe the colours")
+    assert other_prompt["api_calls"] == 8  # a different prompt is a different caption
+
+
+def test_caption_cache_survives_a_torn_line(tmp_path):
+    cache = CaptionCache(tmp_path, {"model": "m"})
+    cache.put("a" * 64, "first")
+    with open(cache.path, "a") as f:
+        f.write('{"image": "bbbb", "cap')  # killed mid-write
+    reopened = CaptionCache(tmp_path, {"model": "m"})
+    reopened.put("c" * 64, "third")
+    final = CaptionCache(tmp_path, {"model": "m"})
+    assert final.get("a" * 64) == "first" and final.get("c" * 64) == "third" and len(final) == 2
+
+
+def test_the_api_key_never_lands_anywhere(prefect_server, vlm, muge_hub, tmp_path, monkeypatch):
+    import os
+
+    from clipcache import run_task
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    run_task(seed_config(vlm.api_base, tmp_path))
+    assert all(a == f"Bearer {SECRET}" for a in vlm.authorizations)  # it did reach the server
+    places = [tmp_path, Path(os.environ["PREFECT_HOME"])]
+    for place in places:
+        for path in place.rglob("*"):
+            if path.is_file():
+                assert SECRET.encode() not in path.read_bytes(), path
+    # ... nor the environment-variable route
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    cfg = seed_config(vlm.api_base, tmp_path, limit=12)
+    del cfg["eval_config"]["eval"]["models"][0]["api_key"]
+    run_task(cfg)
+    for place in places:
+        for path in place.rglob("*"):
+            if path.is_file():
+                assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_missing_key_and_classification_dataset_are_clear_errors(prefect_server, vlm, tmp_path, monkeypatch):
+    from clipcache import run_task
+    from storage.errors import ConfigError, DatasetError
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    cfg = seed_config(vlm.api_base, tmp_path)
+    del cfg["eval_config"]["eval"]["models"][0]["api_key"]
+    with pytest.raises(ConfigError, match="models.0.api_key: no API key"):
+        run_task(cfg)
+    with pytest.raises(DatasetError, match="does not fit dataset 'shapes'"):
+        run_task(seed_config(vlm.api_base, tmp_path, dataset_name=["shapes"]))
+    with pytest.raises(ConfigError, match="eval_config.eval.models.0.prompt_text: unknown key"):
+        bad = seed_config(vlm.api_base, tmp_path)
+        bad["eval_config"]["eval"]["models"][0]["prompt_text"] = "x"
+        run_task(bad)
