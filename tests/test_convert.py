@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from conftest import REPO, write_image_queries, write_wds
 from hub_server import HubServer
+
 from storage.caption_cache import CaptionCache
 from storage.errors import VLMRequestError
+
+from conftest import REPO, write_image_queries, write_wds
 
 sys.path.insert(0, str(REPO / "scripts"))
 from fake_vlm_server import FakeVLMServer  # noqa: E402
