@@ -33,7 +33,8 @@ def _eval_parser(sub: argparse._SubParsersAction, command: str = "eval") -> None
                                                      "HF/ModelScope id, local directory, or tiny-shapes-clip")
     _flag(p, "pretrained", nargs="+", default=None, help="open_clip pretrained tag or checkpoint (one, or one per "
                                                          "model)")
-    _flag(p, "model_type", choices=["auto", "open_clip", "hf", "modelscope"], default="auto")
+    _flag(p, "model_type", choices=["auto", "open_clip", "hf", "modelscope", "sentence_transformers"],
+          default="auto")
     _flag(p, "arch_config", default=None, help="extra open_clip architecture JSON file or folder")
     _flag(p, "hub", choices=["huggingface", "modelscope"], default="huggingface",
           help="where ORG/NAME model ids and hosted datasets come from (default huggingface)")
@@ -41,7 +42,8 @@ def _eval_parser(sub: argparse._SubParsersAction, command: str = "eval") -> None
     _flag(p, "dataset", nargs="+", required=True, help="shapes, shapes_retrieval, custom, wds/<name>, catalog name")
     _flag(p, "dataset_root", default=None, help="dataset folder or template with {dataset} / {dataset_cleaned}")
     _flag(p, "split", default="test")
-    _flag(p, "task", choices=["auto", "zeroshot_classification", "zeroshot_retrieval"], default="auto")
+    _flag(p, "task", choices=["auto", "zeroshot_classification", "zeroshot_retrieval", "text_retrieval"],
+          default="auto", help="text_retrieval: --dataset_root is a BEIR folder (e.g. one written by convert)")
     _flag(p, "language", default="en")
     _flag(p, "classnames", default=None, help="class names file (JSON list or one per line) replacing the dataset's")
     _flag(p, "templates", default=None, help="templates file (JSON list or one per line, with {c}) replacing the "

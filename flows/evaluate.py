@@ -104,6 +104,8 @@ def library_versions() -> dict[str, str]:
 
 
 def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run_id, created_at) -> PairResult:
+    if params.task == "text_retrieval":
+        return _text_retrieval_pair(params, spec, session, name, store, memo, progress, run_id, created_at)
     if params.skip_existing and params.task != "auto":
         existing = evalscope_result_path(params.output_dir, spec, name, params.task)
         if existing.exists():
@@ -131,6 +133,31 @@ def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run
     return PairResult(spec.model_name, name, task, scored.metrics, scored.n_samples, "done", encoded.cache_hit,
                       encoded.resumed, session.loads > loads_before, encoded.seconds, scored.seconds,
                       [str(f) for f in files])
+
+
+def _text_retrieval_pair(params, spec, session, name, store, memo, progress, run_id, created_at) -> PairResult:
+    """A BEIR folder (``dataset_root``, a template with {dataset} allowed) searched with a text model."""
+    from tasks.encode.datasets import format_root
+    from tasks.text_retrieval import encode_beir, open_beir, score_beir
+
+    task = "text_retrieval"
+    existing = evalscope_result_path(params.output_dir, spec, name, task)
+    if params.skip_existing and existing.exists():
+        return PairResult(spec.model_name, name, task, status="skipped", files=[str(existing)])
+    if not params.dataset_root:
+        raise ClipcacheError("text_retrieval needs --dataset_root: a BEIR folder (corpus.jsonl, queries.jsonl, "
+                             "qrels/<split>.tsv), e.g. outputs/<captioner>/<dataset>/retrieval_data")
+    data = open_beir(name, format_root(params.dataset_root, name), params.split, params.limit)
+    loads_before = session.loads
+    encoded = encode_beir(session, data, store, memo, params.batch_size, params.limit, progress)
+    started = time.perf_counter()
+    metrics = score_beir(store, encoded, data, sorted(set(params.recall_k) | {10}))
+    score_seconds = time.perf_counter() - started
+    ctx = PairContext(run_id, created_at, spec, session.resolved.fingerprint, name, params.split, params.language,
+                      task)
+    files = t.write_results(ctx, metrics, len(data.query_ids), encoded.cache_keys, params.output_dir, params.output)
+    return PairResult(spec.model_name, name, task, metrics, len(data.query_ids), "done", encoded.cache_hit, False,
+                      session.loads > loads_before, encoded.seconds, score_seconds, [str(f) for f in files])
 
 
 def eval_command(params: EvaluateParams, spec, dataset: str) -> str:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError,
 from storage.errors import ConfigError
 from tasks.encode.models.spec import ModelSpec
 
-TaskChoice = Literal["auto", "zeroshot_classification", "zeroshot_retrieval"]
+TaskChoice = Literal["auto", "zeroshot_classification", "zeroshot_retrieval", "text_retrieval"]
 
 
 class EvaluateParams(BaseModel):

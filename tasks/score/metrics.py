@@ -26,6 +26,11 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
     MetricInfo("image_retrieval_recall", True, True, "text->image: fraction of captions whose image is in the top k"),
     MetricInfo("text_retrieval_recall", True, True, "image->text: fraction of images with any caption in the top k"),
     MetricInfo("skipped_images", False, False, "images left out as undecodable (--on_bad_image skip)"),
+    MetricInfo("ndcg", True, True, "text retrieval: nDCG@k with qrels scores as gains (trec_eval ndcg_cut)"),
+    MetricInfo("map", True, True, "text retrieval: mean average precision cut at k (trec_eval map_cut)"),
+    MetricInfo("recall", True, True, "text retrieval: relevant docs within k / relevant docs"),
+    MetricInfo("precision", True, True, "text retrieval: relevant docs within k / k"),
+    MetricInfo("mrr", True, True, "text retrieval: 1 / rank of the first relevant doc within k, else 0"),
     *[m for d, q in (("image", "text->image"), ("text", "image->text")) for m in (
         MetricInfo(f"{d}_retrieval_mrr", True, True, f"{q}: mean reciprocal rank of the best positive, 0 beyond k"),
         MetricInfo(f"{d}_retrieval_ndcg", True, True, f"{q}: nDCG@k with binary relevance"),

