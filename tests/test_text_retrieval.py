@@ -9,8 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO
 from tasks.score.text_retrieval import text_retrieval_metrics
+
+from conftest import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
 from fake_vlm_server import FakeVLMServer  # noqa: E402
