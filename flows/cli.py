@@ -12,7 +12,7 @@ from rich.console import Console
 
 console = Console(stderr=True)
 # Piped output would otherwise wrap the results table at 80 columns.
-out = Console(width=None if sys.stdout.isatty() else 120)
+out = Console(width=None if sys.stdout.isatty() else 132)
 
 
 def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:

@@ -26,7 +26,7 @@ def print_results(console: Console, results: list, output_dir: str) -> None:
     table = Table(title="clipcache results")
     for column, justify in (("model", "left"), ("dataset", "left"), ("task", "left"), ("metric", "left"),
                             ("value", "right"), ("n", "right"), ("cache", "left"), ("encode s", "right")):
-        table.add_column(column, justify=justify, no_wrap=column == "metric")  # type: ignore[arg-type]
+        table.add_column(column, justify=justify, no_wrap=column in ("model", "dataset", "task", "metric"))  # type: ignore[arg-type]
     for r in results:
         metrics = list(r.metrics.items()) or [("", None)]
         for i, (name, value) in enumerate(metrics):
