@@ -213,7 +213,8 @@ def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore,
             return EncodeOutcome(store.open(key, key_fields).ref(), cache_hit=True)
         model = session.model
         start = writer.start_position
-        with progress.track(f"encode {kind}s {label}", len(texts), "txt") as advance:
+        plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
+        with progress.track(f"encode {plural} {label}", len(texts), "txt") as advance:
             advance(start)
             for lo in range((start // batch_size) * batch_size, len(texts), batch_size):
                 hi = min(lo + batch_size, len(texts))

@@ -15,7 +15,9 @@ class SentenceTransformerModel(EmbeddingModel):
 
     def __init__(self, source: str, device: torch.device, amp: bool, cache_dir: str | None):
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # our own progress bars report the encoding
         try:
             module = SentenceTransformer(source, device=str(device), cache_folder=cache_dir)
         except Exception as e:  # sentence-transformers raises OSError/ValueError/HTTP errors for missing models
