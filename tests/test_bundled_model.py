@@ -7,7 +7,6 @@ import sys
 
 import torch
 
-from conftest import REPO
 from storage.embedding_store import EmbeddingStore
 from storage.hashing import FileHashMemo
 from tasks.encode.datasets import open_dataset
@@ -16,6 +15,8 @@ from tasks.encode.models.spec import ModelSpec
 from tasks.encode.stage import ModelSession
 from tasks.evaluation import EncodeOptions, encode_dataset, score_dataset
 from tasks.progress import StageProgress
+
+from conftest import REPO
 
 
 def evaluate_bundled(tmp_path, name):

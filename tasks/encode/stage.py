@@ -155,17 +155,20 @@ def iter_image_batches(dataset: EvalDataset, transform: Any, start: int, batch_s
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _cache_hit(store: EmbeddingStore, key_fields: dict) -> EncodeOutcome:
+    return EncodeOutcome(store.open(entry_key(key_fields), key_fields).ref(), cache_hit=True)
+
+
 def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingStore, key_fields: dict,
                   batch_size: int, num_workers: int, on_bad_image: str, progress: StageProgress) -> EncodeOutcome:
-    key = entry_key(key_fields)
-    if store.has(key):
-        return EncodeOutcome(store.open(key, key_fields).ref(), cache_hit=True)
+    if store.has(entry_key(key_fields)):
+        return _cache_hit(store, key_fields)
     aux: dict[str, AuxSpec] = {}
     if dataset.labels is not None:
         aux["target"] = AuxSpec(str(dataset.labels.dtype), tuple(dataset.labels.shape[1:]))
     with store.writer(key_fields, "image", capacity=len(dataset), aux=aux) as writer:
         if writer.already_complete:  # another process finished it while we waited for the lock
-            return EncodeOutcome(store.open(key, key_fields).ref(), cache_hit=True)
+            return _cache_hit(store, key_fields)
         model = session.model
         start = writer.start_position
         # Resume at the start of the batch that held `start` and drop the rows already committed: batches then have
@@ -203,14 +206,13 @@ def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore,
                  meta: dict[str, Any] | None = None) -> EncodeOutcome:
     if not texts:
         raise DatasetError(f"{label}: there are no {kind}s to encode")
-    key = entry_key(key_fields)
-    if store.has(key):
-        return EncodeOutcome(store.open(key, key_fields).ref(), cache_hit=True)
+    if store.has(entry_key(key_fields)):
+        return _cache_hit(store, key_fields)
     aux_values = aux_values or {}
     aux = {name: AuxSpec(str(v.dtype), tuple(v.shape[1:])) for name, v in aux_values.items()}
     with store.writer(key_fields, kind, capacity=len(texts), aux=aux) as writer:
         if writer.already_complete:
-            return EncodeOutcome(store.open(key, key_fields).ref(), cache_hit=True)
+            return _cache_hit(store, key_fields)
         model = session.model
         start = writer.start_position
         plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
