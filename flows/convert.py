@@ -17,6 +17,7 @@ runtime.configure()
 from prefect import flow, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
+from flows.artifacts import publish_conversion  # noqa: E402
 from flows.convert_params import ConvertParams  # noqa: E402
 from storage.caption_cache import CaptionCache  # noqa: E402
 from storage.results import write_json  # noqa: E402
@@ -69,4 +70,5 @@ def convert(params: ConvertParams) -> list[dict]:
             payload = {"dataset": name, "model": spec.model_name, "task": "image_caption", "metrics": metrics}
             write_json(result_path, payload)
             results.append(payload)
+    publish_conversion(results)
     return results

@@ -21,6 +21,7 @@ runtime.configure()
 
 from prefect import flow  # noqa: E402
 
+from flows.artifacts import publish_evaluation  # noqa: E402
 from flows.params import EvaluateParams  # noqa: E402
 from storage.embedding_store import EmbeddingStore  # noqa: E402
 from storage.errors import ClipcacheError  # noqa: E402
@@ -47,6 +48,7 @@ class PairResult:
     encode_seconds: float = 0.0
     score_seconds: float = 0.0
     files: list[str] = field(default_factory=list)
+    run_id: str = ""
 
 
 @flow(name="evaluate", flow_run_name="evaluate-{params.datasets[0]}", validate_parameters=True, log_prints=False)
@@ -63,6 +65,13 @@ def rescore(params: EvaluateParams) -> list[PairResult]:
 
 
 def run_pairs(params: EvaluateParams, cached_only: bool) -> list[PairResult]:
+    results = _run_pairs(params, cached_only)
+    publish_evaluation("rescore" if cached_only else "evaluate", results[0].run_id if results else "-", results,
+                       params.output_dir)
+    return results
+
+
+def _run_pairs(params: EvaluateParams, cached_only: bool) -> list[PairResult]:
     progress = StageProgress(enabled=params.verbose)
     run_id, created_at, started = new_run_id(), datetime.now(UTC), time.perf_counter()
     store = EmbeddingStore(params.cache_dir)
@@ -75,8 +84,10 @@ def run_pairs(params: EvaluateParams, cached_only: bool) -> list[PairResult]:
             session = t.prepare_model(spec, memo, params.device, params.amp, params.model_cache_dir)
             device = str(session.device)
             for name in params.datasets:
-                results.append(_evaluate_pair(params, spec, session, name, store, memo, opts, progress,
-                                              run_id, created_at))
+                result = _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run_id,
+                                        created_at)
+                result.run_id = run_id
+                results.append(result)
         status = "completed"
         return results
     finally:

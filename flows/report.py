@@ -12,6 +12,7 @@ from prefect import flow, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 from pydantic import BaseModel, ConfigDict  # noqa: E402
 
+from flows.artifacts import publish_report  # noqa: E402
 from tasks.report.dbt_build import dbt_build  # noqa: E402
 from tasks.report.html import render_report  # noqa: E402
 
@@ -32,4 +33,6 @@ def report(params: ReportParams) -> str:
     """Run `dbt build` (models, data tests, unit tests) and write the HTML report; returns its path."""
     database = build_marts(params.output_dir)
     out = Path(params.report_path) if params.report_path else Path(params.output_dir) / "report" / "index.html"
-    return str(render(database, out))
+    path = str(render(database, out))
+    publish_report(path)
+    return path
