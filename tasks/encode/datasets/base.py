@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -46,6 +47,30 @@ def read_text_list(path: str | Path, what: str, dataset: str | None = None) -> l
                               f"by dataset name")
         return items
     return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def iter_jsonl_records(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-empty line; a line that is not a JSON object with ``required`` keys is a
+    DatasetError naming the file and line."""
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{path} line {line_no}: not valid JSON ({e.msg})") from e
+            if not isinstance(record, dict) or any(k not in record for k in required):
+                raise DatasetError(f"{path} line {line_no}: expected an object with "
+                                   f"{' and '.join(repr(k) for k in required)}")
+            yield line_no, record
+
+
+def resolve_image_path(raw: str, base: Path) -> Path | None:
+    """An image path from a label file: absolute, or relative to the file's folder, else to the working directory."""
+    path = Path(raw).expanduser()
+    candidates = [path] if path.is_absolute() else [base / path, Path.cwd() / path]
+    return next((c for c in candidates if c.is_file()), None)
 
 
 @dataclass

@@ -6,14 +6,13 @@ JSONL file first, then in the working directory (evalscope's own examples use wo
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from storage.errors import DatasetError
 from storage.hashing import FileHashMemo
-from tasks.encode.datasets.base import EvalDataset
+from tasks.encode.datasets.base import EvalDataset, iter_jsonl_records, resolve_image_path
 
 FILENAME = "image_queries.jsonl"
 
@@ -41,43 +40,28 @@ class ImageQueriesDataset(EvalDataset):
         return self.image_paths[index].read_bytes()
 
 
-def _resolve_image(raw: str, base: Path) -> Path | None:
-    path = Path(raw).expanduser()
-    candidates = [path] if path.is_absolute() else [base / path, Path.cwd() / path]
-    return next((c for c in candidates if c.is_file()), None)
-
-
 def load_image_queries(name: str, data_dir: Path, split: str, limit: int | None) -> ImageQueriesDataset:
     data_dir = Path(data_dir)
     jsonl = data_dir / FILENAME if data_dir.is_dir() or data_dir.suffix != ".jsonl" else data_dir
     if not jsonl.is_file():
         raise DatasetError(f"dataset {name!r}: {jsonl} not found (a custom dataset needs data_dir/{FILENAME})")
     ds = ImageQueriesDataset(name=name, split=split, task="zeroshot_retrieval", jsonl=jsonl, captions=[])
-    with open(jsonl, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if limit is not None and len(ds.image_paths) >= limit:
-                break
-            if not line.strip():
-                continue
-            where = f"{jsonl} line {line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{where}: not valid JSON ({e.msg})") from e
-            if not isinstance(record, dict) or "image_path" not in record or "query" not in record:
-                raise DatasetError(f"{where}: expected an object with 'image_path' and 'query'")
-            queries = record["query"]
-            if isinstance(queries, str):
-                queries = [queries]
-            if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
-                raise DatasetError(f"{where}: 'query' must be a string or a list of strings")
-            image = _resolve_image(str(record["image_path"]), jsonl.parent)
-            if image is None:
-                raise DatasetError(f"{where}: image_path {record['image_path']!r} not found "
-                                   f"(looked next to {jsonl.name} and in {Path.cwd()})")
-            ds.image_paths.append(image)
-            ds.line_numbers.append(line_no)
-            ds.captions.append(queries)
+    for line_no, record in iter_jsonl_records(jsonl, ("image_path", "query")):
+        if limit is not None and len(ds.image_paths) >= limit:
+            break
+        where = f"{jsonl} line {line_no}"
+        queries = record["query"]
+        if isinstance(queries, str):
+            queries = [queries]
+        if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+            raise DatasetError(f"{where}: 'query' must be a string or a list of strings")
+        image = resolve_image_path(str(record["image_path"]), jsonl.parent)
+        if image is None:
+            raise DatasetError(f"{where}: image_path {record['image_path']!r} not found "
+                               f"(looked next to {jsonl.name} and in {Path.cwd()})")
+        ds.image_paths.append(image)
+        ds.line_numbers.append(line_no)
+        ds.captions.append(queries)
     if not ds.image_paths:
         raise DatasetError(f"dataset {name!r}: {jsonl} has no samples")
     return ds

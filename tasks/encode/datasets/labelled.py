@@ -13,7 +13,6 @@ to the label file first, then in the working directory.
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import numpy as np
 
 from storage.errors import DatasetError
 from storage.hashing import FileHashMemo
-from tasks.encode.datasets.base import ClassPrompts, EvalDataset
+from tasks.encode.datasets.base import ClassPrompts, EvalDataset, iter_jsonl_records, resolve_image_path
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 DEFAULT_TEMPLATES = ["a photo of a {c}."]
@@ -97,18 +96,7 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
             if missing:
                 raise DatasetError(f"{path}: missing column(s) {', '.join(sorted(missing))} (expected image_path,label)")
             return [(i + 2, row) for i, row in enumerate(reader)]
-    records = []
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{path} line {line_no}: not valid JSON ({e.msg})") from e
-        if not isinstance(record, dict) or "image_path" not in record or "label" not in record:
-            raise DatasetError(f"{path} line {line_no}: expected an object with 'image_path' and 'label'")
-        records.append((line_no, record))
-    return records
+    return list(iter_jsonl_records(path, ("image_path", "label")))
 
 
 def load_image_labels(name: str, root: Path, split: str, limit: int | None) -> LabelledImages:
@@ -132,9 +120,7 @@ def load_image_labels(name: str, root: Path, split: str, limit: int | None) -> L
         if label is None or not 0 <= label < len(classnames):
             raise DatasetError(f"{index} line {line_no}: label {raw!r} is neither a class index below "
                                f"{len(classnames)} nor a name in {names_path.name}")
-        image = Path(str(record["image_path"])).expanduser()
-        found = next((c for c in ([image] if image.is_absolute() else [root / image, Path.cwd() / image])
-                      if c.is_file()), None)
+        found = resolve_image_path(str(record["image_path"]), root)
         if found is None:
             raise DatasetError(f"{index} line {line_no}: image_path {str(record['image_path'])!r} not found")
         ds.image_paths.append(found)
