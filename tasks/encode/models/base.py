@@ -1,4 +1,4 @@
-"""The one interface the encode stage needs from any image-text model."""
+"""The one interface the encode stage needs from any model."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tasks.encode.models.devices import autocast
 
 
 class EmbeddingModel(ABC):
-    """A loaded model: preprocessing, tokenisation and L2-normalised float32 embeddings."""
+    """A loaded model that turns images and/or texts into L2-normalised float32 vectors."""
 
     def __init__(self, module: torch.nn.Module, device: torch.device, amp: bool):
         self.module = module.to(device).eval()
@@ -23,7 +23,17 @@ class EmbeddingModel(ABC):
 
     @abstractmethod
     def image_transform(self, image: Image.Image) -> torch.Tensor:
-        """PIL image -> (3, H, W) tensor; must be picklable (it runs in DataLoader workers)."""
+        """PIL image -> (3, H, W) tensor; must be thread-safe (decoding threads call it)."""
+
+    @abstractmethod
+    def encode_images(self, pixels: torch.Tensor) -> np.ndarray: ...
+
+    @abstractmethod
+    def encode_texts(self, texts: list[str]) -> np.ndarray: ...
+
+
+class TwoTowerModel(EmbeddingModel):
+    """CLIP-style image and text towers: subclasses give preprocessing, tokenisation and the two forward passes."""
 
     @abstractmethod
     def tokenize(self, texts: list[str]) -> Any:

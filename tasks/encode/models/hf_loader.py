@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from storage.errors import ModelError
-from tasks.encode.models.base import EmbeddingModel, pooled
+from tasks.encode.models.base import TwoTowerModel, pooled
 
 SUPPORTED_TYPES = ("clip", "chinese_clip", "siglip", "siglip2", "altclip")
 
@@ -23,7 +23,7 @@ class HFImageTransform:
         return self.processor(images=image, return_tensors="pt")["pixel_values"][0]
 
 
-class HFClipModel(EmbeddingModel):
+class HFClipModel(TwoTowerModel):
     def __init__(self, source: str, revision: str | None, device: torch.device, amp: bool, cache_dir: str | None):
         from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
 

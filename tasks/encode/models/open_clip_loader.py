@@ -6,10 +6,10 @@ import torch
 from PIL import Image
 
 from storage.errors import ModelError
-from tasks.encode.models.base import EmbeddingModel
+from tasks.encode.models.base import TwoTowerModel
 
 
-class OpenClipModel(EmbeddingModel):
+class OpenClipModel(TwoTowerModel):
     def __init__(self, name: str, pretrained: str | None, device: torch.device, amp: bool, cache_dir: str | None):
         import open_clip
 

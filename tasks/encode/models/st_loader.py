@@ -31,13 +31,7 @@ class SentenceTransformerModel(EmbeddingModel):
         return np.asarray(vectors, dtype=np.float32)
 
     def image_transform(self, image: Image.Image) -> torch.Tensor:
-        raise ModelError("a sentence-transformers model encodes text only")
+        raise ModelError("a sentence-transformers model encodes text only; use it with --task text_retrieval")
 
-    def tokenize(self, texts: list[str]):
-        raise NotImplementedError("SentenceTransformer.encode tokenises itself")
-
-    def _encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
-        raise ModelError("a sentence-transformers model encodes text only")
-
-    def _encode_text(self, tokens) -> torch.Tensor:
-        raise NotImplementedError("see encode_texts")
+    def encode_images(self, pixels: torch.Tensor) -> np.ndarray:
+        raise ModelError("a sentence-transformers model encodes text only; use it with --task text_retrieval")
