@@ -65,13 +65,12 @@ def rescore(params: EvaluateParams) -> list[PairResult]:
 
 
 def run_pairs(params: EvaluateParams, cached_only: bool) -> list[PairResult]:
-    results = _run_pairs(params, cached_only)
-    publish_evaluation("rescore" if cached_only else "evaluate", results[0].run_id if results else "-", results,
-                       params.output_dir)
+    run_id, results = _run_pairs(params, cached_only)
+    publish_evaluation("rescore" if cached_only else "evaluate", run_id, results, params.output_dir)
     return results
 
 
-def _run_pairs(params: EvaluateParams, cached_only: bool) -> list[PairResult]:
+def _run_pairs(params: EvaluateParams, cached_only: bool) -> tuple[str, list[PairResult]]:
     progress = StageProgress(enabled=params.verbose)
     run_id, created_at, started = new_run_id(), datetime.now(UTC), time.perf_counter()
     store = EmbeddingStore(params.cache_dir)
@@ -89,7 +88,7 @@ def _run_pairs(params: EvaluateParams, cached_only: bool) -> list[PairResult]:
                 result.run_id = run_id
                 results.append(result)
         status = "completed"
-        return results
+        return run_id, results
     finally:
         write_run_row(params.output_dir, {
             "run_id": run_id, "created_at": created_at, "finished_at": datetime.now(UTC), "status": status,
