@@ -30,14 +30,14 @@ class EvalscopeModel(BaseModel):
     hub: Literal["huggingface", "modelscope"] = "modelscope"
 
 
-class EvalscopeEval(BaseModel):
+class _EvalscopeCommon(BaseModel):
+    """The ``eval`` keys evalscope's clip_benchmark tool shares between its tasks, with evalscope's defaults."""
+
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    models: list[EvalscopeModel] = Field(min_length=1)
     dataset_name: list[str] = Field(min_length=1)
     data_dir: str | None = None
     split: str = "test"
-    task: TaskChoice = "auto"
     batch_size: PositiveInt = 128
     num_workers: int = Field(1, ge=0)
     verbose: bool = True
@@ -48,6 +48,11 @@ class EvalscopeEval(BaseModel):
     # clipcache extensions (same meaning as the CLI flags)
     hub: Literal["huggingface", "modelscope"] = "modelscope"  # evalscope downloads from ModelScope
     offline: bool = False
+
+
+class EvalscopeEval(_EvalscopeCommon):
+    models: list[EvalscopeModel] = Field(min_length=1)
+    task: TaskChoice = "auto"
     language: str = "en"
     classnames: str | None = None
     templates: str | None = None
@@ -61,25 +66,12 @@ class EvalscopeEval(BaseModel):
     model_cache_dir: str | None = None
 
 
-class EvalscopeCaptionEval(BaseModel):
-    """evalscope's ``task: image_caption`` (convert an image-text dataset to BEIR with a multimodal LLM)."""
-
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+class EvalscopeCaptionEval(_EvalscopeCommon):
+    """evalscope's ``task: image_caption`` (convert an image-text dataset to BEIR with a multimodal LLM).
+    ``batch_size`` and ``num_workers`` are accepted for compatibility; concurrency is set per model."""
 
     models: list[CaptionModelSpec] = Field(min_length=1)
-    dataset_name: list[str] = Field(min_length=1)
-    data_dir: str | None = None
-    split: str = "test"
     task: Literal["image_caption"]
-    batch_size: PositiveInt = 128  # accepted for compatibility; concurrency is set per model
-    num_workers: int = Field(1, ge=0)  # accepted for compatibility
-    verbose: bool = True
-    skip_existing: bool = False
-    output_dir: str = "outputs"
-    cache_dir: str = "cache"
-    limit: PositiveInt | None = None
-    hub: Literal["huggingface", "modelscope"] = "modelscope"
-    offline: bool = False
 
 
 class EvalscopeEvalConfig(BaseModel):
