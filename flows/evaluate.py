@@ -13,7 +13,6 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 
 from flows import runtime
 
@@ -26,6 +25,7 @@ from flows.params import EvaluateParams  # noqa: E402
 from storage.embedding_store import EmbeddingStore  # noqa: E402
 from storage.errors import ClipcacheError  # noqa: E402
 from storage.hashing import FileHashMemo  # noqa: E402
+from storage.paths import local_dir  # noqa: E402
 from storage.results import new_run_id, write_run_row  # noqa: E402
 from tasks import prefect_tasks as t  # noqa: E402
 from tasks.encode.datasets.languages import localize  # noqa: E402
@@ -74,7 +74,7 @@ def _run_pairs(params: EvaluateParams, cached_only: bool) -> tuple[str, list[Pai
     progress = StageProgress(enabled=params.verbose)
     run_id, created_at, started = new_run_id(), datetime.now(UTC), time.perf_counter()
     store = EmbeddingStore(params.cache_dir)
-    memo = FileHashMemo(Path(params.cache_dir) / "file_hashes.json")
+    memo = FileHashMemo(local_dir(params.cache_dir) / "file_hashes.json")
     opts = EncodeOptions(params.batch_size, params.num_workers, params.on_bad_image, params.limit, cached_only)
     results: list[PairResult] = []
     status, device = "failed", "unknown"
@@ -120,8 +120,8 @@ def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run
         existing = evalscope_result_path(params.output_dir, spec, name, params.task)
         if existing.exists():
             return PairResult(spec.model_name, name, params.task, status="skipped", files=[str(existing)])
-    dataset = t.open_dataset(name, params.dataset_root, params.split, params.limit, params.hub, params.cache_dir,
-                             params.offline, progress)
+    dataset = t.open_dataset(name, params.dataset_root, params.split, params.limit, params.hub,
+                             str(local_dir(params.cache_dir)), params.offline, progress)
     task = t.select_task(dataset, params.task)
     if task == "zeroshot_classification":
         dataset.prompts = localize(dataset.prompts, name, params.language)

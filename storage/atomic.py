@@ -9,9 +9,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from storage.paths import is_remote, write_via_temp
+
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp_path)`` then rename the temporary file over ``path`` (same directory, so the rename is atomic)."""
+    """Call ``write(tmp_path)`` then rename the temporary file over ``path`` (same directory, so the rename is atomic).
+
+    On an object store (``path`` a ``UPath``) the file is uploaded in one piece instead: an object appears whole."""
+    if is_remote(path):
+        write_via_temp(path, write)
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -13,6 +13,7 @@ from typing import Any
 
 from storage.embedding_store import EmbeddingStore, folder_bytes
 from storage.errors import ConfigError
+from storage.paths import as_path
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*$", re.I)
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.I)
@@ -110,5 +111,5 @@ def select_garbage(infos: list[EntryInfo], older_than: float | None = None, max_
 
 
 def cache_root_size(root: Path) -> int:
-    folder = Path(root) / "embeddings"
+    folder = as_path(root) / "embeddings"
     return folder_bytes(folder) if folder.exists() else 0

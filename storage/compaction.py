@@ -37,7 +37,8 @@ def covered_files(folder: Path) -> set[str]:
     """Names of files whose rows live on in a compacted file."""
     names: set[str] = set()
     for f in folder.glob("compacted-*.parquet"):
-        column = pq.read_table(f, columns=[SOURCE_COLUMN]).column(SOURCE_COLUMN)
+        with f.open("rb") as fh:
+            column = pq.read_table(fh, columns=[SOURCE_COLUMN]).column(SOURCE_COLUMN)
         names.update(v for v in pa.compute.unique(column).to_pylist() if v)
     return names
 
@@ -65,7 +66,8 @@ def compact(output_dir: str | Path, table: str = "metrics") -> CompactionReport:
     schema = physical_schema(TABLES[table])
     parts = []
     for f in files:
-        part = pq.read_table(f)
+        with f.open("rb") as fh:
+            part = pq.read_table(fh)
         if SOURCE_COLUMN in part.column_names:
             part = part.drop_columns([SOURCE_COLUMN])
         # Rows keep their immediate source: re-compacting a compacted file hides that file, whose own sources

@@ -11,7 +11,8 @@ Layout under the store root::
     locks/<key>.lock                one writer per key
 
 Why this shape: a complete entry appears only through a directory rename, so a half-written entry is never readable as
-complete; a writer commits whole chunks and records them in ``progress.json`` (itself replaced atomically), so a crash
+complete (on an object store, which cannot rename, an entry is written in place and becomes complete when its group
+metadata, carrying count and checksums, is uploaded last: one object, so readers see all or nothing); a writer commits whole chunks and records them in ``progress.json`` (itself replaced atomically), so a crash
 costs at most the rows not yet committed; checksums per chunk find a damaged file on read. Embeddings do not compress
 (zstd saves ~9% at half the speed), so chunks are stored raw: reads run at disk speed.
 """
@@ -21,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 import zarr
-from filelock import FileLock
 
 from storage.atomic import atomic_write_json
 from storage.errors import CacheIntegrityError
 from storage.hashing import canonical_json, digest
+from storage.paths import AnyPath, as_path, is_remote, lock, rmtree, tree_bytes, url
 
 CHUNK_ROWS = 4096
 USAGE_DIR = "usage"  # usage/<key>: empty marker file whose mtime is the last read of the entry
@@ -70,10 +70,10 @@ def _chunk_digest(block: np.ndarray) -> str:
 class EmbeddingEntry:
     """A complete, verified entry opened for reading."""
 
-    def __init__(self, path: Path, attrs: dict[str, Any]):
+    def __init__(self, path: AnyPath, attrs: dict[str, Any]):
         self.path = path
         self.attrs = attrs
-        self._group = zarr.open_group(str(path), mode="r")
+        self._group = zarr.open_group(url(path), mode="r", zarr_format=3)
 
     @property
     def key(self) -> str:
@@ -113,29 +113,42 @@ class EmbeddingEntry:
         return np.asarray(self._group[name][...])
 
     def ref(self) -> EmbeddingRef:
-        return EmbeddingRef(str(self.path.parent.parent), self.key, self.attrs["kind"], self.count, self.dim)
+        return EmbeddingRef(url(self.path.parent.parent), self.key, self.attrs["kind"], self.count, self.dim)
 
 
-def folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+def folder_bytes(path: AnyPath) -> int:
+    return tree_bytes(path)
+
+
+def _complete_attrs(path: AnyPath) -> dict[str, Any] | None:
+    """The attributes of a published entry written in place (object stores), None while it is being written."""
+    try:
+        attrs = json.loads((path / "zarr.json").read_text()).get("attributes", {})
+    except (OSError, ValueError):
+        return None
+    return attrs if "chunk_sha256" in attrs else None
 
 
 class EmbeddingStore:
     def __init__(self, root: str | Path):
-        self.root = Path(root)
+        self.root = as_path(root)
+        # Object stores cannot rename a folder: entries are written where they will live (see the module docstring).
+        self.in_place = is_remote(self.root)
 
-    def entry_path(self, key: str) -> Path:
+    def entry_path(self, key: str) -> AnyPath:
         return self.root / "embeddings" / f"{key}.zarr"
 
-    def partial_path(self, key: str) -> Path:
+    def partial_path(self, key: str) -> AnyPath:
+        if self.in_place:
+            return self.entry_path(key)
         return self.root / "embeddings" / f"{key}.partial.zarr"
 
-    def lock(self, key: str) -> FileLock:
-        lock_dir = self.root / "locks"
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(lock_dir / f"{key}.lock"))
+    def lock(self, key: str):
+        return lock(self.root / "locks" / f"{key}.lock")
 
     def has(self, key: str) -> bool:
+        if self.in_place:
+            return _complete_attrs(self.entry_path(key)) is not None
         return (self.entry_path(key) / "zarr.json").exists()
 
     def last_used(self, key: str) -> float:
@@ -151,12 +164,19 @@ class EmbeddingStore:
         except OSError:
             pass  # a read-only cache still works; it just cannot record use
 
-    def keys(self) -> list[str]:
+    def _listed(self) -> list[str]:
         folder = self.root / "embeddings"
-        return sorted(p.name[: -len(".zarr")] for p in folder.glob("*.zarr") if not p.name.endswith(".partial.zarr"))
+        return [p.name for p in folder.iterdir()] if folder.exists() else []
+
+    def keys(self) -> list[str]:
+        names = [n[: -len(".zarr")] for n in self._listed() if n.endswith(".zarr") and not n.endswith(".partial.zarr")]
+        return sorted(k for k in names if not self.in_place or self.has(k))
 
     def partial_keys(self) -> list[str]:
-        return sorted(p.name[: -len(".partial.zarr")] for p in (self.root / "embeddings").glob("*.partial.zarr"))
+        if self.in_place:
+            return sorted(n[: -len(".zarr")] for n in self._listed() if n.endswith(".zarr")
+                          and not self.has(n[: -len(".zarr")]))
+        return sorted(n[: -len(".partial.zarr")] for n in self._listed() if n.endswith(".partial.zarr"))
 
     def resolve_prefix(self, prefix: str) -> str:
         """A full key from a unique prefix (as git does with commit ids)."""
@@ -170,10 +190,11 @@ class EmbeddingStore:
         """Delete an entry (complete or partial) under its lock; returns the bytes freed."""
         freed = 0
         with self.lock(key):
-            for path in (self.entry_path(key), self.partial_path(key)):
+            for path in {url(self.entry_path(key)): self.entry_path(key),
+                         url(self.partial_path(key)): self.partial_path(key)}.values():
                 if path.exists():
                     freed += folder_bytes(path)
-                    shutil.rmtree(path)
+                    rmtree(path)
             (self.root / USAGE_DIR / key).unlink(missing_ok=True)
         return freed
 
@@ -194,8 +215,10 @@ class EmbeddingStore:
     def open(self, key: str, key_fields: dict[str, Any] | None = None) -> EmbeddingEntry:
         """Open a complete entry; if ``key_fields`` is given, check the stored key is the one asked for."""
         path = self.entry_path(key)
+        if self.in_place and not self.has(key):
+            raise CacheIntegrityError(f"no complete cache entry {key} under {self.root}")
         try:
-            attrs = dict(zarr.open_group(str(path), mode="r").attrs)
+            attrs = dict(zarr.open_group(url(path), mode="r", zarr_format=3).attrs)
         except (FileNotFoundError, zarr.errors.GroupNotFoundError) as e:
             raise CacheIntegrityError(f"no complete cache entry {key} under {self.root}") from e
         except (ValueError, json.JSONDecodeError) as e:
@@ -252,10 +275,10 @@ class EntryWriter:
         self._lock.release()
 
     @property
-    def partial(self) -> Path:
+    def partial(self) -> AnyPath:
         return self.store.partial_path(self.key)
 
-    def _progress_path(self) -> Path:
+    def _progress_path(self) -> AnyPath:
         return self.partial / "progress.json"
 
     def _resume_or_reset(self) -> None:
@@ -264,14 +287,14 @@ class EntryWriter:
             self.rows_committed = progress["rows"]
             self.start_position = progress["next_position"]
             self.chunk_sha256 = list(progress["chunk_sha256"])
-            self.dim = int(zarr.open_group(str(self.partial), mode="r")["embeddings"].shape[1])
+            self.dim = int(zarr.open_group(url(self.partial), mode="r", zarr_format=3)["embeddings"].shape[1])
             self.resumed = self.rows_committed > 0
         elif self.partial.exists():
-            shutil.rmtree(self.partial)  # leftovers from before the first committed progress: nothing to trust
+            rmtree(self.partial)  # leftovers from before the first committed progress: nothing to trust
 
     def _create_arrays(self, dim: int) -> None:
         self.dim = dim
-        group = zarr.open_group(str(self.partial), mode="w")
+        group = zarr.open_group(url(self.partial), mode="w", zarr_format=3)
         rows = min(CHUNK_ROWS, self.capacity)  # a small entry is one small chunk, not a padded 4,096-row one
         group.create_array("embeddings", shape=(self.capacity, dim), chunks=(rows, dim),
                            dtype="float32", compressors=None, fill_value=0.0)
@@ -324,7 +347,7 @@ class EntryWriter:
         start, stop = self.rows_committed, self.rows_committed + n_write
         if stop > self.capacity:
             raise ValueError(f"entry {self.key}: {stop} rows exceed the declared capacity {self.capacity}")
-        group = zarr.open_group(str(self.partial), mode="r+")
+        group = zarr.open_group(url(self.partial), mode="r+", zarr_format=3)
         for name, values in merged.items():
             group[name][start:stop] = values[:n_write]
         emb = merged["embeddings"][:n_write]
@@ -340,24 +363,41 @@ class EntryWriter:
         self._flush(final=True)
         if self.dim is None:
             raise ValueError(f"entry {self.key}: nothing was written")
-        group = zarr.open_group(str(self.partial), mode="r+")
-        rows = self.rows_committed
-        for name in ["embeddings", "position", *self.aux]:
-            arr = group[name]
-            arr.resize((rows, *arr.shape[1:]))
-        group.attrs.update({
-            "key": self.key,
-            "key_fields": self.key_fields,
-            "kind": self.kind,
-            "count": rows,
-            "dim": self.dim,
-            "dtype": "float32",
-            "chunk_rows": CHUNK_ROWS,
-            "chunk_sha256": self.chunk_sha256,
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "meta": meta or {},
-        })
-        self._progress_path().unlink(missing_ok=True)
-        final = self.store.entry_path(self.key)
-        self.partial.rename(final)
-        return EmbeddingRef(str(self.store.root), self.key, self.kind, rows, self.dim)
+        return publish_entry(self.store, self.key_fields, self.kind, self.rows_committed, self.dim,
+                             ["embeddings", "position", *self.aux], self.chunk_sha256, meta)
+
+
+def publish_entry(store: EmbeddingStore, key_fields: dict[str, Any], kind: str, rows: int, dim: int,
+                  arrays: list[str], chunk_sha256: list[str], meta: dict[str, Any] | None,
+                  scratch: tuple[str, ...] = ("progress.json",)) -> EmbeddingRef:
+    """Trim the partial entry's arrays to ``rows``, write the metadata and make the entry complete: a directory
+    rename locally; on an object store the metadata upload itself is the commit. ``scratch`` files go afterwards."""
+    key = entry_key(key_fields)
+    partial = store.partial_path(key)
+    group = zarr.open_group(url(partial), mode="r+", zarr_format=3)
+    for name in arrays:
+        arr = group[name]
+        arr.resize((rows, *arr.shape[1:]))
+    group.attrs.update({
+        "key": key,
+        "key_fields": key_fields,
+        "kind": kind,
+        "count": rows,
+        "dim": dim,
+        "dtype": "float32",
+        "chunk_rows": CHUNK_ROWS,
+        "chunk_sha256": chunk_sha256,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "meta": meta or {},
+    })
+    final = store.entry_path(key)
+    if not store.in_place:
+        partial.rename(final)
+    for name in scratch:
+        target = final / name
+        if target.exists():
+            if target.is_dir():
+                rmtree(target)
+            else:
+                target.unlink()
+    return EmbeddingRef(url(store.root), key, kind, rows, dim)

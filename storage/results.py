@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage.atomic import atomic_write, atomic_write_json
+from storage.paths import AnyPath, as_path
 
 # Bump when a column changes meaning or is removed; adding a nullable column at the end does not need a bump.
 SCHEMA_VERSION = 1
@@ -66,9 +67,10 @@ def json_safe_metrics(metrics: dict[str, float]) -> dict[str, float | None]:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
 
 
-def write_json(path: Path, payload: dict[str, Any]) -> Path:
-    atomic_write_json(Path(path), payload)
-    return Path(path)
+def write_json(path: AnyPath, payload: dict[str, Any]) -> AnyPath:
+    path = as_path(path)
+    atomic_write_json(path, payload)
+    return path
 
 
 # Physical files also carry `source_file`: null in files written by runs, the absorbed file's name in compacted
@@ -86,8 +88,9 @@ def _write_table(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> P
     return path
 
 
-def warehouse_dir(output_dir: str | Path) -> Path:
-    return Path(output_dir) / "warehouse"
+def warehouse_dir(output_dir: str | Path) -> AnyPath:
+    """``<output_dir>/warehouse``; ``output_dir`` may be an fsspec URL (storage/paths.py)."""
+    return as_path(output_dir) / "warehouse"
 
 
 def write_metric_rows(output_dir: str | Path, run_id: str, rows: list[dict[str, Any]]) -> Path:

@@ -12,10 +12,11 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from storage.paths import AnyPath, is_remote, url
 from storage.results import METRIC_SCHEMA, RUN_SCHEMA, warehouse_dir
 
 
-def visible_files(folder: Path) -> list[Path]:
+def visible_files(folder: AnyPath) -> list[AnyPath]:
     """Published result files whose rows are not already in a compacted file."""
     from storage.compaction import covered_files
 
@@ -25,10 +26,10 @@ def visible_files(folder: Path) -> list[Path]:
     return [f for f in sorted(folder.glob("*.parquet")) if f.name not in hidden]
 
 
-def _view(con: duckdb.DuckDBPyConnection, name: str, folder: Path, schema: pa.Schema) -> None:
+def _view(con: duckdb.DuckDBPyConnection, name: str, folder: AnyPath, schema: pa.Schema) -> None:
     files = visible_files(folder)
     if files:
-        paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+        paths = ", ".join("'" + url(f).replace("'", "''") + "'" for f in files)
         columns = ", ".join(schema.names)
         con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT {columns} FROM read_parquet([{paths}], "
                     f"union_by_name = true)")
@@ -41,6 +42,8 @@ def connect(output_dir: str | Path = "outputs", database: str = ":memory:") -> d
     """A DuckDB connection where ``metrics`` and ``runs`` are the results under ``output_dir``."""
     con = duckdb.connect(database)
     root = warehouse_dir(output_dir)
+    if is_remote(root):  # DuckDB reads s3://, gs://, memory://... through the same fsspec filesystem we write with
+        con.register_filesystem(root.fs)
     _view(con, "metrics", root / "metrics", METRIC_SCHEMA)
     _view(con, "runs", root / "runs", RUN_SCHEMA)
     return con

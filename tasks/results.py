@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 
 from storage.errors import ConfigError
+from storage.paths import as_path
 from storage.results import json_safe_metrics, write_json, write_metric_rows
 from tasks.encode.models.spec import ModelSpec
 from tasks.score.metrics import split_metric_name
@@ -29,7 +30,7 @@ def dataset_slug(name: str) -> str:
 
 def evalscope_result_path(output_dir: str | Path, spec: ModelSpec, dataset: str, task: str) -> Path:
     """``<output_dir>/<model basename>/<dataset>_<task>.json`` (evalscope's layout)."""
-    return Path(output_dir) / spec.basename / f"{dataset_slug(dataset)}_{task}.json"
+    return as_path(output_dir) / spec.basename / f"{dataset_slug(dataset)}_{task}.json"
 
 
 def clip_benchmark_output_path(template: str, spec: ModelSpec, dataset: str, task: str, language: str) -> Path:
@@ -38,7 +39,7 @@ def clip_benchmark_output_path(template: str, spec: ModelSpec, dataset: str, tas
     is_file = bool(pretrained) and os.path.isfile(pretrained)
     bare = dataset[len("wds/"):] if dataset.startswith("wds/") else dataset
     try:
-        return Path(template.format(
+        return as_path(template.format(
             model=spec.model_name.replace("/", "_"), pretrained=os.path.basename(pretrained) if is_file else pretrained,
             pretrained_full_path=pretrained.replace("/", "_"), task=task, dataset=dataset_slug(bare),
             language=language))

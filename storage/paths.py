@@ -1,0 +1,107 @@
+"""Local folders and fsspec URLs behind one path type.
+
+``cache_dir`` and ``output_dir`` may be local folders or fsspec URLs (``s3://bucket/prefix``, ``gs://…``,
+``memory://…``). :func:`as_path` returns a :class:`pathlib.Path` for the first and a ``universal_pathlib`` ``UPath``
+for the second; both offer the same methods (``/``, ``exists``, ``glob``, ``read_text``, ``write_text``, ``unlink``…),
+so the storage code is written once. What object stores lack is handled where it matters:
+
+- no rename: a file is published by one upload (an object appears whole or not at all), and a cache entry is
+  published by writing its metadata last (see :mod:`storage.embedding_store`);
+- no file locks: :func:`lock` is a no-op remotely; the sharded encoder gives each worker its own chunks instead.
+
+Credentials and endpoints come from the filesystem's usual configuration (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``,
+``GOOGLE_APPLICATION_CREDENTIALS``, fsspec config files), so a URL alone names a location on every worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+AnyPath = Any  # pathlib.Path or upath.UPath; both implement the methods used here
+
+
+def is_url(location: str | os.PathLike) -> bool:
+    text = str(location)
+    return "://" in text and not text.startswith("file://")
+
+
+def as_path(location: str | os.PathLike) -> AnyPath:
+    """A ``Path`` for a local folder (``file://`` URLs included), a ``UPath`` for any other fsspec URL."""
+    if isinstance(location, Path):
+        return location
+    if not is_url(location):
+        text = str(location)
+        return Path(text[len("file://"):] if text.startswith("file://") else text)
+    from upath import UPath
+
+    if not isinstance(location, UPath):
+        location = UPath(str(location))
+    return location
+
+
+def is_remote(path: AnyPath) -> bool:
+    return not isinstance(path, Path)
+
+
+def url(path: AnyPath) -> str:
+    """What zarr and DuckDB accept: the plain path locally, the ``protocol://…`` URL remotely."""
+    return str(path)
+
+
+def write_via_temp(path: AnyPath, write: Callable[[Path], None]) -> None:
+    """Remote publish of a file: ``write(tmp)`` to a local temporary file, then upload it in one piece."""
+    fd, tmp = tempfile.mkstemp(suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        path.fs.put_file(tmp, path.path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def lock(path: AnyPath) -> contextlib.AbstractContextManager:
+    """A file lock at ``path`` locally; remotely nothing (object stores have no locks; see the module docstring)."""
+    if is_remote(path):
+        return _NoLock()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(path))
+
+
+class _NoLock(contextlib.nullcontext):
+    def acquire(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+def rmtree(path: AnyPath) -> None:
+    if is_remote(path):
+        if path.exists():
+            path.fs.rm(path.path, recursive=True)
+        return
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=False)
+
+
+def tree_bytes(path: AnyPath) -> int:
+    if is_remote(path):
+        return int(path.fs.du(path.path, total=True)) if path.exists() else 0
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def local_dir(location: str | os.PathLike, fallback_env: str = "CLIPCACHE_LOCAL_DIR") -> Path:
+    """A local folder for things that must be on local disk (downloaded datasets, file-hash memo): ``location``
+    itself when it is local, else ``$CLIPCACHE_LOCAL_DIR`` or ``~/.cache/clipcache``."""
+    path = as_path(location)
+    if not is_remote(path):
+        return path
+    return Path(os.environ.get(fallback_env) or Path.home() / ".cache" / "clipcache")

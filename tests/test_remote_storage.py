@@ -1,0 +1,127 @@
+"""cache_dir and output_dir as fsspec URLs: an S3 API served by moto on 127.0.0.1, and fsspec's memory filesystem."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import numpy as np
+import pytest
+
+from storage.embedding_store import EmbeddingStore
+from storage.paths import as_path, is_remote, local_dir
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """A real S3 HTTP API (moto's server) on 127.0.0.1; clients find it through AWS_ENDPOINT_URL, as users would."""
+    from moto.server import ThreadedMotoServer
+
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    saved = {}
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    import os
+
+    for name, value in env.items():
+        saved[name] = os.environ.get(name)
+        os.environ[name] = value
+    yield endpoint
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    server.stop()
+
+
+@pytest.fixture
+def bucket(s3_endpoint):
+    import boto3
+
+    name = f"clipcache-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
+    return name
+
+
+def _object_keys(endpoint: str, bucket: str) -> list[str]:
+    import boto3
+
+    pages = boto3.client("s3", endpoint_url=endpoint).get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+def test_urls_become_remote_paths_and_local_paths_stay_local(tmp_path):
+    assert not is_remote(as_path(tmp_path))
+    assert not is_remote(as_path(f"file://{tmp_path}"))
+    assert is_remote(as_path("memory://bucket/cache"))
+    assert local_dir(str(tmp_path)) == tmp_path
+    assert not is_remote(local_dir("memory://bucket/cache"))
+
+
+def test_entry_written_in_place_is_invisible_until_published_and_resumes(tmp_path):
+    root = f"memory://store-{uuid.uuid4().hex[:8]}"
+    store = EmbeddingStore(root)
+    fields = {"role": "image", "n": 1}
+    rows = np.random.default_rng(0).standard_normal((5000, 8)).astype(np.float32)
+    with store.writer(fields, "image", capacity=len(rows)) as writer:
+        writer.add(rows[:4200], np.arange(4200))  # commits one 4096-row chunk, keeps the rest buffered
+        key = writer.key
+    # the "crash": 4096 rows committed, nothing published
+    assert not store.has(key) and store.keys() == [] and store.partial_keys() == [key]
+    with store.writer(fields, "image", capacity=len(rows)) as writer:
+        assert writer.start_position == 4096 and writer.resumed
+        writer.add(rows[4096:], np.arange(4096, 5000))
+        writer.finish()
+    assert store.has(key) and store.keys() == [key] and store.partial_keys() == []
+    entry = store.open(key, fields)
+    np.testing.assert_array_equal(entry.embeddings(), rows)
+    assert store.verify(key) == []
+    assert store.remove(key) > 0 and not store.has(key)
+
+
+@pytest.mark.slow
+def test_evaluate_with_cache_and_results_on_s3(prefect_server, s3_endpoint, bucket, tmp_path, monkeypatch):
+    """The whole pipeline against S3: embeddings, evalscope JSON and Parquet go to the bucket, DuckDB queries them
+    there, and a second run reads the cached embeddings back from S3 without loading the model."""
+    import clipcache
+    from flows.evaluate import evaluate
+    from flows.params import EvaluateParams
+
+    monkeypatch.setenv("CLIPCACHE_LOCAL_DIR", str(tmp_path / "local"))
+    base = {"models": [{"model_name": "tiny-shapes-clip"}], "datasets": ["shapes", "shapes_retrieval"], "limit": 96,
+            "batch_size": 32, "verbose": False}
+    remote = EvaluateParams(**base, cache_dir=f"s3://{bucket}/cache", output_dir=f"s3://{bucket}/results")
+    local = EvaluateParams(**base, cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "out"))
+
+    first = evaluate(remote)
+    expected = evaluate(local)
+    assert [r.metrics for r in first] == [r.metrics for r in expected]
+    assert first[0].model_loaded and not any(r.cache_hit for r in first)
+
+    keys = _object_keys(s3_endpoint, bucket)
+    assert any(k.startswith("cache/embeddings/") and k.endswith(".zarr/zarr.json") for k in keys)
+    assert "results/tiny-shapes-clip/shapes_zeroshot_classification.json" in keys
+    assert any(k.startswith("results/warehouse/metrics/") for k in keys)
+    assert not any(".partial" in k or k.endswith("progress.json") for k in keys)
+
+    second = evaluate(remote)
+    assert all(r.cache_hit and not r.model_loaded for r in second)
+    assert [r.metrics for r in second] == [r.metrics for r in first]
+
+    con = clipcache.connect(f"s3://{bucket}/results")
+    runs = con.sql("SELECT count(*) FROM runs WHERE status = 'completed'").fetchall()[0][0]
+    acc1 = con.sql("SELECT value FROM metrics WHERE dataset = 'shapes' AND metric = 'acc' AND k = 1 LIMIT 1").fetchall()[0][0]
+    assert runs == 2 and acc1 == pytest.approx(expected[0].metrics["acc1"])
+
+    store = EmbeddingStore(f"s3://{bucket}/cache")
+    assert store.keys() and all(store.verify(k) == [] for k in store.keys())
+    payload = json.loads(as_path(f"s3://{bucket}/results/tiny-shapes-clip/shapes_zeroshot_classification.json")
+                         .read_text())
+    assert payload["metrics"]["acc1"] == pytest.approx(expected[0].metrics["acc1"])
