@@ -65,6 +65,10 @@ def _eval_parser(sub: argparse._SubParsersAction, command: str = "eval") -> None
     _flag(p, "output_dir", default="outputs")
     _flag(p, "cache_dir", default="cache")
     _flag(p, "model_cache_dir", default=None)
+    _flag(p, "task_runner", default="none", help="none, threads, dask (local cluster) or dask://HOST:PORT: shard "
+                                                 "encoding across workers")
+    _flag(p, "workers", type=int, default=None, help="workers for threads / a local Dask cluster")
+    _flag(p, "shard_rows", type=int, default=None, help="rows per encode shard")
     _flag(p, "skip_existing", action="store_true", default=False)
     _flag(p, "quiet", action="store_true", default=False, help="no progress bars")
     p.set_defaults(handler=_cmd_eval, cached_only=command == "rescore")
@@ -93,7 +97,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         "batch_size": args.batch_size, "num_workers": args.num_workers, "limit": args.limit, "amp": args.amp,
         "device": args.device, "on_bad_image": args.on_bad_image, "output": args.output,
         "output_dir": args.output_dir, "cache_dir": args.cache_dir, "model_cache_dir": args.model_cache_dir,
-        "skip_existing": args.skip_existing, "verbose": not args.quiet,
+        "skip_existing": args.skip_existing, "verbose": not args.quiet, "task_runner": args.task_runner,
+        "workers": args.workers, "shard_rows": args.shard_rows,
     })
     return _run(params, args.cached_only)
 

@@ -64,6 +64,9 @@ class EvalscopeEval(_EvalscopeCommon):
     on_bad_image: Literal["error", "skip"] = "error"
     output: str | None = None
     model_cache_dir: str | None = None
+    task_runner: str = "none"
+    workers: PositiveInt | None = None
+    shard_rows: PositiveInt | None = None
 
 
 class EvalscopeCaptionEval(_EvalscopeCommon):

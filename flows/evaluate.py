@@ -22,6 +22,7 @@ from prefect import flow  # noqa: E402
 
 from flows.artifacts import publish_evaluation  # noqa: E402
 from flows.params import EvaluateParams  # noqa: E402
+from flows.scaleout import ShardedEncoder, open_task_runner  # noqa: E402
 from storage.embedding_store import EmbeddingStore  # noqa: E402
 from storage.errors import ClipcacheError  # noqa: E402
 from storage.hashing import FileHashMemo  # noqa: E402
@@ -29,6 +30,8 @@ from storage.paths import local_dir  # noqa: E402
 from storage.results import new_run_id, write_run_row  # noqa: E402
 from tasks import prefect_tasks as t  # noqa: E402
 from tasks.encode.datasets.languages import localize  # noqa: E402
+from tasks.encode.sharded import DatasetSource  # noqa: E402
+from tasks.encode.stage import caption_key_fields, image_key_fields  # noqa: E402
 from tasks.evaluation import CacheMissError, EncodeOptions  # noqa: E402
 from tasks.progress import StageProgress  # noqa: E402
 from tasks.results import PairContext, clipcache_version, evalscope_result_path  # noqa: E402
@@ -79,14 +82,16 @@ def _run_pairs(params: EvaluateParams, cached_only: bool) -> tuple[str, list[Pai
     results: list[PairResult] = []
     status, device = "failed", "unknown"
     try:
-        for spec in params.models:
-            session = t.prepare_model(spec, memo, params.device, params.amp, params.model_cache_dir)
-            device = str(session.device)
-            for name in params.datasets:
-                result = _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run_id,
-                                        created_at)
-                result.run_id = run_id
-                results.append(result)
+        with open_task_runner("none" if cached_only else params.task_runner, params.workers) as runner:
+            encoder = ShardedEncoder(runner, store, params, progress) if runner is not None else None
+            for spec in params.models:
+                session = t.prepare_model(spec, memo, params.device, params.amp, params.model_cache_dir)
+                device = str(session.device)
+                for name in params.datasets:
+                    result = _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run_id,
+                                            created_at, encoder)
+                    result.run_id = run_id
+                    results.append(result)
         status = "completed"
         return run_id, results
     finally:
@@ -113,7 +118,8 @@ def library_versions() -> dict[str, str]:
     return found
 
 
-def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run_id, created_at) -> PairResult:
+def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run_id, created_at,
+                   encoder: ShardedEncoder | None = None) -> PairResult:
     if params.task == "text_retrieval":
         return _text_retrieval_pair(params, spec, session, name, store, memo, progress, run_id, created_at)
     if params.skip_existing and params.task != "auto":
@@ -131,8 +137,9 @@ def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run
     if params.skip_existing and existing.exists():
         return PairResult(spec.model_name, name, task, status="skipped", files=[str(existing)])
     loads_before = session.loads
+    sharded = _encode_sharded(encoder, params, session, dataset, name, task, memo) if encoder else {}
     try:
-        encoded = t.encode(session, dataset, task, store, memo, opts, progress)
+        encoded = t.encode(session, dataset, task, store, memo, opts, progress, sharded)
     except CacheMissError as e:
         raise ClipcacheError(f"{e}. Fill it with:\n  {eval_command(params, spec, name)}") from e
     scored = t.score(store, encoded, params.recall_k, tuple(params.retrieval_metrics))
@@ -143,6 +150,19 @@ def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run
     return PairResult(spec.model_name, name, task, scored.metrics, scored.n_samples, "done", encoded.cache_hit,
                       encoded.resumed, session.loads > loads_before, encoded.seconds, scored.seconds,
                       [str(f) for f in files])
+
+
+def _encode_sharded(encoder: ShardedEncoder, params, session, dataset, name, task, memo) -> dict:
+    """Images (and captions) of one pair over the task runner; what is cached already is left to ``t.encode``."""
+    identity = dataset.identity(memo)
+    memo.save()
+    source = DatasetSource(name, params.dataset_root, params.split, params.limit, params.hub,
+                           str(local_dir(params.cache_dir)), params.offline, identity)
+    roles = {"image": image_key_fields(session, identity, dataset.split, params.limit)}
+    if task == "zeroshot_retrieval":
+        roles["caption"] = caption_key_fields(session, identity, dataset.split, params.limit)
+    done = {role: encoder.encode(session, dataset, source, role, fields) for role, fields in roles.items()}
+    return {role: outcome for role, outcome in done.items() if outcome is not None}
 
 
 def _text_retrieval_pair(params, spec, session, name, store, memo, progress, run_id, created_at) -> PairResult:

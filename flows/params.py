@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
@@ -44,11 +45,27 @@ class EvaluateParams(BaseModel):
     device: str = "auto"
     on_bad_image: Literal["error", "skip"] = "error"
     output: str | None = Field(None, description="also write clip_benchmark-style JSON to this path template")
-    output_dir: str = "outputs"
-    cache_dir: str = "cache"
+    output_dir: str = Field("outputs", description="results folder or fsspec URL (s3://bucket/prefix, gs://..., "
+                                                   "memory://...)")
+    cache_dir: str = Field("cache", description="embedding cache folder or fsspec URL; datasets downloaded from a "
+                                                "hub go to a local folder ($CLIPCACHE_LOCAL_DIR or "
+                                                "~/.cache/clipcache) when this is a URL")
+    task_runner: str = Field("none", description="where encoding runs: none (in the flow), threads, dask (a local "
+                                                 "Dask cluster) or dask://HOST:PORT (an existing scheduler)")
+    workers: PositiveInt | None = Field(None, description="threads or local Dask workers (default: one per GPU, "
+                                                          "else one per CPU core)")
+    shard_rows: PositiveInt | None = Field(None, description="rows per encode shard (default: about two shards per "
+                                                             "worker, at most 65,536 rows)")
     model_cache_dir: str | None = Field(None, description="where hub downloads go (default: the hubs' own caches)")
     skip_existing: bool = False
     verbose: bool = True
+
+    @field_validator("task_runner")
+    @classmethod
+    def _known_runner(cls, value: str) -> str:
+        if value in ("none", "threads", "dask") or re.fullmatch(r"(dask|tcp|tls)://[^\s/:]+:\d+", value):
+            return value
+        raise ValueError(f"expected none, threads, dask or dask://HOST:PORT, got {value!r}")
 
     @field_validator("datasets")
     @classmethod

@@ -94,7 +94,10 @@ def _require_cached(store: EmbeddingStore, fields: dict, what: str, missing: lis
 
 
 def encode_dataset(session: ModelSession, dataset: EvalDataset, task: Task, store: EmbeddingStore,
-                   memo: FileHashMemo, opts: EncodeOptions, progress: StageProgress) -> EncodedDataset:
+                   memo: FileHashMemo, opts: EncodeOptions, progress: StageProgress,
+                   sharded: dict[str, EncodeOutcome] | None = None) -> EncodedDataset:
+    """``sharded``: entries the flow already encoded over its task runner ("image", "caption")."""
+    sharded = sharded or {}
     started = time.perf_counter()
     identity = dataset.identity(memo)
     memo.save()
@@ -107,8 +110,8 @@ def encode_dataset(session: ModelSession, dataset: EvalDataset, task: Task, stor
             _require_cached(store, caption_fields, f"caption embeddings of {dataset.name}", missing)
         if missing:
             raise CacheMissError(missing)
-    images = encode_images(session, dataset, store, image_fields, opts.batch_size, opts.num_workers,
-                           opts.on_bad_image, progress)
+    images = sharded.get("image") or encode_images(session, dataset, store, image_fields, opts.batch_size,
+                                                   opts.num_workers, opts.on_bad_image, progress)
     if task == "zeroshot_classification":
         prompts = dataset.prompts
         outcome = encode_prompts(session, prompts.prompts(), store, opts.batch_size, progress, dataset.name)
@@ -117,7 +120,7 @@ def encode_dataset(session: ModelSession, dataset: EvalDataset, task: Task, stor
     captions = [c for caps in dataset.captions for c in caps]
     sample_index = np.repeat(np.arange(len(dataset.captions), dtype=np.int64),
                              [len(caps) for caps in dataset.captions])
-    texts = encode_texts(session, captions, store, caption_fields, "caption", opts.batch_size, progress,
+    texts = sharded.get("caption") or encode_texts(session, captions, store, caption_fields, "caption", opts.batch_size, progress,
                          dataset.name, aux_values={"sample_index": sample_index},
                          meta={"dataset": dataset.name, "split": dataset.split})
     return EncodedDataset(task, images, captions=texts, seconds=time.perf_counter() - started)

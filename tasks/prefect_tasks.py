@@ -10,11 +10,16 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks import evaluation, results
+from tasks.encode import sharded
 
 select_task = task(evaluation.select_task, name="select-task", cache_policy=NO_CACHE)
 encode = task(evaluation.encode_dataset, name="encode", cache_policy=NO_CACHE)
 score = task(evaluation.score_dataset, name="score", cache_policy=NO_CACHE)
 write_results = task(results.write_pair_results, name="write-results", cache_policy=NO_CACHE)
+# Submitted to the flow's --task_runner (threads or Dask workers); see flows/scaleout.py.
+encode_shard = task(sharded.encode_shard, name="encode-shard", cache_policy=NO_CACHE,
+                    task_run_name="encode-{job.role}-rows-{job.lo}-{job.hi}")
+probe_dim = task(sharded.probe_dim, name="probe-model", cache_policy=NO_CACHE)
 
 
 @task(name="open-dataset", cache_policy=NO_CACHE)

@@ -15,9 +15,9 @@ from storage.paths import as_path, is_remote, local_dir
 @pytest.fixture(scope="module")
 def s3_endpoint():
     """A real S3 HTTP API (moto's server) on 127.0.0.1; clients find it through AWS_ENDPOINT_URL, as users would."""
-    from moto.server import ThreadedMotoServer
-
     import logging
+
+    from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

@@ -126,15 +126,16 @@ class ImageBatch:
 
 
 def iter_image_batches(dataset: EvalDataset, transform: Any, start: int, batch_size: int,
-                       num_workers: int) -> Iterator[ImageBatch]:
-    """Batches of decoded images from position ``start`` on, always in dataset order.
+                       num_workers: int, stop: int | None = None) -> Iterator[ImageBatch]:
+    """Batches of decoded images from position ``start`` up to ``stop`` (default: the end), in dataset order.
 
     ``num_workers`` threads decode batches ahead of the model. Threads rather than DataLoader processes: PIL and
     torchvision release the GIL while decoding and resizing, threads start instantly (a process pool costs seconds
     per run), nothing needs pickling, and forking a process that runs Prefect's threads kills the children (seen
     here: workers exited with code 1 inside a flow run).
     """
-    ranges = (range(lo, min(lo + batch_size, len(dataset))) for lo in range(start, len(dataset), batch_size))
+    end = len(dataset) if stop is None else min(stop, len(dataset))
+    ranges = (range(lo, min(lo + batch_size, end)) for lo in range(start, end, batch_size))
 
     def load(batch: range) -> ImageBatch:
         return _collate([_load_item(dataset, transform, i) for i in batch])

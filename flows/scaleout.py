@@ -1,0 +1,132 @@
+"""``--task_runner``: shard encoding over a Prefect task runner (threads, a local Dask cluster, or a Dask scheduler).
+
+The flow stays the coordinator: it plans the shards of each missing cache entry, holds the entry's lock, submits one
+``encode-shard`` task per shard to the runner, and publishes the entry when all are done (tasks/encode/sharded.py).
+Scoring and everything else run in the flow as before. The runner is opened once per flow run, so a Dask cluster
+starts once (~8 s here) and workers keep their loaded model across shards, datasets and entries.
+
+Multi-GPU: one worker per GPU. ``--task_runner dask`` on a machine with several GPUs starts one worker per GPU and
+worker N uses ``cuda:N`` (device ``auto``); with an existing scheduler, start each worker with its own
+``CUDA_VISIBLE_DEVICES``. (Written from torch's and Dask's documented behaviour; no GPU on the machines this was
+developed on.)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import numpy as np
+
+from storage.embedding_store import EmbeddingStore, entry_key
+from tasks import prefect_tasks as t
+from tasks.encode.datasets.base import EvalDataset
+from tasks.encode.sharded import (
+    DatasetSource,
+    ShardJob,
+    WorkerModel,
+    flat_captions,
+    plan_shards,
+    prepare_entry,
+    publish_sharded,
+)
+from tasks.encode.stage import EncodeOutcome, ModelSession
+from tasks.progress import StageProgress
+
+
+def default_workers() -> int:
+    import torch
+
+    return torch.cuda.device_count() or os.cpu_count() or 1
+
+
+def open_task_runner(task_runner: str, workers: int | None) -> AbstractContextManager:
+    """The runner for ``task_runner`` (entered by the caller), or a null context for ``none``."""
+    if task_runner == "none":
+        return nullcontext(None)
+    n = workers or default_workers()
+    if task_runner == "threads":
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        return ThreadPoolTaskRunner(max_workers=n)
+    from prefect_dask import DaskTaskRunner
+
+    if task_runner != "dask":
+        return DaskTaskRunner(address="tcp://" + task_runner.split("://", 1)[1] if task_runner.startswith("dask://")
+                              else task_runner)
+    # Workers report their task runs to the flow's API (the ephemeral one included) instead of each starting its own
+    # server. Dask's nanny gives each worker OMP_NUM_THREADS=1: one torch thread per worker process.
+    env = {"DASK_LOGGING__DISTRIBUTED": "warning", **({"PREFECT_API_URL": _api_url()} if _api_url() else {})}
+    logging.getLogger("distributed").setLevel(logging.WARNING)  # cluster start-up chatter, in this process
+    return DaskTaskRunner(cluster_kwargs={"n_workers": n, "threads_per_worker": 1, "processes": True,
+                                          "dashboard_address": None, "silence_logs": logging.ERROR, "env": env})
+
+
+def _api_url() -> str | None:
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    return str(ctx.client.api_url) if ctx is not None and ctx.client is not None else None
+
+
+class ShardedEncoder:
+    """Encodes the image and caption entries of one evaluation through ``runner`` (see the module docstring)."""
+
+    def __init__(self, runner: Any, store: EmbeddingStore, params: Any, progress: StageProgress):
+        self.runner = runner
+        self.store = store
+        self.params = params
+        self.progress = progress
+        self.workers = params.workers or default_workers()
+        self._dims: dict[str, int] = {}
+
+    def _worker_model(self, session: ModelSession) -> WorkerModel:
+        return WorkerModel(session.resolved, self.params.device, session.amp, session.precision,
+                           self.params.model_cache_dir)
+
+    def _dim(self, model: WorkerModel) -> int:
+        key = entry_key({"model": model.resolved.identity, "precision": model.precision})
+        if key not in self._dims:
+            self._dims[key] = self.runner.submit(t.probe_dim, parameters={"model": model}).result()
+        return self._dims[key]
+
+    def encode(self, session: ModelSession, dataset: EvalDataset, source: DatasetSource, role: str,
+               key_fields: dict[str, Any]) -> EncodeOutcome | None:
+        """Encode one entry sharded; None when it is already cached (the caller's cache path takes it)."""
+        key = entry_key(key_fields)
+        if self.store.has(key):
+            return None
+        if role == "image":
+            rows = len(dataset)
+            aux = {"target": dataset.labels} if dataset.labels is not None else {}
+            meta = {"model": session.resolved.display_name, "dataset": dataset.name, "split": dataset.split,
+                    "n_samples": len(dataset)}
+            label, unit = f"encode images  {dataset.name}", "img"
+        else:
+            captions, sample_index = flat_captions(dataset)
+            rows, aux = len(captions), {"sample_index": sample_index}
+            meta = {"model": session.resolved.display_name, "dataset": dataset.name, "split": dataset.split}
+            label, unit = f"encode captions {dataset.name}", "txt"
+        plan = plan_shards(rows, self.params.batch_size, self.workers, self.params.shard_rows)
+        model = self._worker_model(session)
+        with self.store.lock(key):
+            if self.store.has(key):
+                return None
+            pending = prepare_entry(self.store, key_fields, plan, self._dim(model), {k: np.asarray(v)
+                                                                                    for k, v in aux.items()})
+            jobs = [ShardJob(str(self.store.root), key, role, lo, hi, source, model, self.params.batch_size,
+                             self.params.num_workers, self.params.on_bad_image) for lo, hi in pending]
+            encoded = 0
+            with self.progress.track(label, rows, unit) as advance:
+                advance(rows - sum(hi - lo for lo, hi in pending))
+                futures = [self.runner.submit(t.encode_shard, parameters={"job": job}) for job in jobs]
+                from prefect.futures import as_completed
+
+                for future in as_completed(futures):
+                    done = future.result()
+                    encoded += done.encoded
+                    advance(done.hi - done.lo)
+            ref = publish_sharded(self.store, key_fields, role, plan, list(aux), meta)
+        return EncodeOutcome(ref, cache_hit=False, resumed=len(pending) < len(plan.shards), encoded=encoded)

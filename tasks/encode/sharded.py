@@ -1,0 +1,280 @@
+"""Sharded encode: one cache entry written by several workers, each into its own rows, then published once.
+
+The coordinator plans shard ranges, creates the partial entry (every array at full size; ``position`` and the
+per-row data it already knows are written up front) and hands each worker a :class:`ShardJob`: a small, picklable
+description from which the worker re-opens the dataset and the model itself (both kept per worker process, so a
+worker loads the model once for all its shards). A worker writes only ``embeddings[lo:hi]``, and shard boundaries
+fall on the entry's chunk boundaries, so no two workers ever touch the same Zarr chunk (Zarr has no locks; a chunk
+written by two writers loses rows). A finished shard leaves ``shards/<lo>-<hi>.json``; after a crash, a rerun with
+the same plan (``plan.json``) redoes only the shards without one. The coordinator then checksums the rows, drops
+rows of images skipped as undecodable, and publishes the entry like the single-process writer does.
+
+Vectors equal the single-process encode to the bit: shards start on batch boundaries, so every batch has the same
+composition as in one process (a batched matmul need not give the same bits for a row in another batch).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import asdict, dataclass
+from math import ceil
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import zarr
+
+from storage.atomic import atomic_write_json
+from storage.embedding_store import CHUNK_ROWS, EmbeddingRef, EmbeddingStore, _chunk_digest, entry_key, publish_entry
+from storage.errors import DatasetError, ModelError
+from storage.hashing import FileHashMemo, canonical_json
+from storage.paths import rmtree, url
+from tasks.encode.datasets.base import EvalDataset
+from tasks.encode.models.resolve import ResolvedModel
+from tasks.encode.stage import ModelSession, iter_image_batches
+
+log = logging.getLogger("clipcache.encode")
+
+SHARD_ROWS_CAP = 65_536  # default shard size limit: fine-grained resume, bounded worker memory (256 MB at 1024-d)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    rows: int
+    chunk_rows: int
+    shards: tuple[tuple[int, int], ...]
+
+
+def plan_shards(rows: int, batch_size: int, workers: int, shard_rows: int | None = None) -> ShardPlan:
+    """Shard ranges starting on batch boundaries, and a chunk size that divides the shard size.
+
+    Default: about two shards per worker (a slow worker does not hold up the end), at most ``SHARD_ROWS_CAP`` rows.
+    """
+    if shard_rows is None:
+        shard_rows = min(SHARD_ROWS_CAP, ceil(rows / max(1, 2 * workers)))
+    per_shard = max(1, ceil(shard_rows / batch_size))  # batches per shard
+    shard_rows = per_shard * batch_size
+    # chunk = batch_size * d with d dividing per_shard and the chunk at most CHUNK_ROWS rows (or one batch).
+    limit = max(1, CHUNK_ROWS // batch_size)
+    d = max(x for x in range(1, min(per_shard, limit) + 1) if per_shard % x == 0)
+    shards = tuple((lo, min(lo + shard_rows, rows)) for lo in range(0, rows, shard_rows))
+    return ShardPlan(rows, batch_size * d, shards)
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """How a worker opens the dataset (the arguments of ``tasks.encode.datasets.open_dataset``) and what it must
+    find there (the coordinator's dataset identity)."""
+
+    name: str
+    dataset_root: str | None
+    split: str
+    limit: int | None
+    hub: str
+    data_dir: str | None
+    offline: bool
+    identity: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class WorkerModel:
+    resolved: ResolvedModel
+    device: str
+    amp: bool
+    precision: str
+    model_cache_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    store_root: str
+    key: str
+    role: Literal["image", "caption"]
+    lo: int
+    hi: int
+    source: DatasetSource
+    model: WorkerModel
+    batch_size: int
+    num_workers: int
+    on_bad_image: str
+
+
+@dataclass(frozen=True)
+class ShardDone:
+    lo: int
+    hi: int
+    encoded: int
+    skipped: tuple[int, ...] = ()
+    cached: bool = False  # finished by an earlier, interrupted run
+
+
+# -- per worker process -------------------------------------------------------------------------------------------
+_lock = threading.Lock()
+_sessions: dict[str, ModelSession] = {}
+_datasets: dict[str, EvalDataset] = {}
+
+
+def worker_session(model: WorkerModel) -> ModelSession:
+    from tasks.encode.models.devices import precision_name, resolve_device
+
+    key = canonical_json([model.resolved.identity, model.device, model.amp])
+    with _lock:
+        if key not in _sessions:
+            device = resolve_device(_gpu_of_this_worker() if model.device == "auto" else model.device)
+            precision = precision_name(device, model.amp)
+            if precision != model.precision:
+                raise ModelError(f"this worker runs {model.device!r} as {device} ({precision}) but the entry is "
+                                 f"keyed {model.precision}: give workers the same kind of device as the flow "
+                                 f"(or pass --device explicitly)")
+            _sessions[key] = ModelSession(model.resolved, device, model.amp, precision, model.model_cache_dir)
+        return _sessions[key]
+
+
+def _gpu_of_this_worker() -> str:
+    """``auto`` on a Dask worker of a multi-GPU machine: worker N of a local cluster takes ``cuda:N`` (mod the GPU
+    count), so one worker per GPU spreads the shards over all of them."""
+    import torch
+
+    count = torch.cuda.device_count()
+    if count > 1:
+        try:
+            from distributed import get_worker
+
+            name = get_worker().name
+        except (ImportError, ValueError):
+            return "auto"
+        if isinstance(name, int):
+            return f"cuda:{name % count}"
+    return "auto"
+
+
+def worker_dataset(source: DatasetSource) -> EvalDataset:
+    from tasks.encode.datasets import open_dataset
+
+    key = canonical_json(asdict(source))
+    with _lock:
+        if key not in _datasets:
+            dataset = open_dataset(source.name, source.dataset_root, source.split, source.limit, source.hub,
+                                   source.data_dir, source.offline)
+            memo = FileHashMemo(Path(source.data_dir) / "file_hashes.json" if source.data_dir else None)
+            found = dataset.identity(memo)
+            memo.save()
+            if canonical_json(found) != canonical_json(source.identity):
+                raise DatasetError(f"dataset {source.name!r} on this worker differs from the flow's (its files hash "
+                                   f"differently): workers must see the same data")
+            _datasets[key] = dataset
+        return _datasets[key]
+
+
+def flat_captions(dataset: EvalDataset) -> tuple[list[str], np.ndarray]:
+    """Every caption in sample order, and the sample each belongs to (the row order of caption entries)."""
+    captions = [c for caps in dataset.captions for c in caps]
+    sample_index = np.repeat(np.arange(len(dataset.captions), dtype=np.int64), [len(c) for c in dataset.captions])
+    return captions, sample_index
+
+
+def _marker(store: EmbeddingStore, key: str, lo: int, hi: int):
+    return store.partial_path(key) / "shards" / f"{lo}-{hi}.json"
+
+
+def encode_shard(job: ShardJob) -> ShardDone:
+    """Encode rows [lo, hi) of one entry into their region (runs on a worker)."""
+    store = EmbeddingStore(job.store_root)
+    marker = _marker(store, job.key, job.lo, job.hi)
+    if marker.exists():
+        done = json.loads(marker.read_text())
+        return ShardDone(job.lo, job.hi, 0, tuple(done["skipped"]), cached=True)
+    dataset = worker_dataset(job.source)
+    model = worker_session(job.model).model
+    skipped: list[int] = []
+    if job.role == "image":
+        parts: list[tuple[np.ndarray, np.ndarray]] = []
+        for batch in iter_image_batches(dataset, model.image_transform, job.lo, job.batch_size, job.num_workers,
+                                        stop=job.hi):
+            if batch.errors and job.on_bad_image == "error":
+                raise DatasetError(f"{batch.errors[0][1]} (use --on_bad_image skip to skip such images)")
+            for index, message in batch.errors:
+                log.warning("skipping: %s", message)
+                skipped.append(int(index))
+            if batch.pixels is not None:
+                parts.append((batch.indices, model.encode_images(batch.pixels)))
+        if not parts:
+            raise DatasetError(f"dataset {dataset.name!r}: none of images {job.lo}..{job.hi - 1} could be decoded")
+        out = np.zeros((job.hi - job.lo, parts[0][1].shape[1]), dtype=np.float32)
+        for indices, vectors in parts:
+            out[indices - job.lo] = vectors
+    else:
+        texts = flat_captions(dataset)[0][job.lo : job.hi]
+        out = np.concatenate([model.encode_texts(texts[i : i + job.batch_size])
+                              for i in range(0, len(texts), job.batch_size)]).astype(np.float32, copy=False)
+    group = zarr.open_group(url(store.partial_path(job.key)), mode="r+", zarr_format=3)
+    group["embeddings"][job.lo : job.hi] = out
+    atomic_write_json(marker, {"lo": job.lo, "hi": job.hi, "skipped": skipped})
+    return ShardDone(job.lo, job.hi, job.hi - job.lo - len(skipped), tuple(skipped))
+
+
+def probe_dim(model: WorkerModel) -> int:
+    """The embedding width, from one short text through the model (also warms the worker's model cache)."""
+    return int(worker_session(model).model.encode_texts(["a photo"]).shape[1])
+
+
+# -- coordinator --------------------------------------------------------------------------------------------------
+def prepare_entry(store: EmbeddingStore, key_fields: dict[str, Any], plan: ShardPlan, dim: int,
+                  aux: dict[str, np.ndarray]) -> list[tuple[int, int]]:
+    """Create the partial entry for ``plan`` (or keep the one an interrupted run left with the same plan); return
+    the shard ranges still to encode. Call with the key's lock held."""
+    key = entry_key(key_fields)
+    partial = store.partial_path(key)
+    plan_doc = {"key": key, "dim": dim, **asdict(plan)}
+    plan_doc["shards"] = [list(s) for s in plan.shards]
+    plan_file = partial / "plan.json"
+    try:
+        existing = json.loads(plan_file.read_text())
+    except (OSError, ValueError):
+        existing = None
+    if existing != plan_doc:
+        if partial.exists():
+            rmtree(partial)  # another plan, or a single-process partial: its rows are not reusable here
+        group = zarr.open_group(url(partial), mode="w", zarr_format=3)
+        rows, chunk = plan.rows, plan.chunk_rows
+        group.create_array("embeddings", shape=(rows, dim), chunks=(chunk, dim), dtype="float32",
+                           compressors=None, fill_value=0.0)
+        group.create_array("position", shape=(rows,), chunks=(chunk,), dtype="int64", compressors=None,
+                           fill_value=-1)
+        group["position"][:] = np.arange(rows, dtype=np.int64)
+        for name, values in aux.items():
+            arr = group.create_array(name, shape=values.shape, chunks=(chunk, *values.shape[1:]),
+                                     dtype=values.dtype, compressors=None)
+            arr[:] = values
+        atomic_write_json(plan_file, plan_doc)
+    return [(lo, hi) for lo, hi in plan.shards if not _marker(store, key, lo, hi).exists()]
+
+
+def publish_sharded(store: EmbeddingStore, key_fields: dict[str, Any], kind: str, plan: ShardPlan,
+                    aux_names: list[str], meta: dict[str, Any]) -> EmbeddingRef:
+    """Check every shard is done, drop skipped rows, checksum and publish. Call with the key's lock held."""
+    key = entry_key(key_fields)
+    skipped: list[int] = []
+    for lo, hi in plan.shards:
+        marker = _marker(store, key, lo, hi)
+        if not marker.exists():
+            raise DatasetError(f"cache entry {key}: shard {lo}..{hi - 1} was not written")
+        skipped += json.loads(marker.read_text())["skipped"]
+    group = zarr.open_group(url(store.partial_path(key)), mode="r+", zarr_format=3)
+    names = ["embeddings", "position", *aux_names]
+    rows = plan.rows
+    if skipped:  # the single-process writer never stores skipped images: close the gaps the same way
+        keep = np.ones(plan.rows, dtype=bool)
+        keep[skipped] = False
+        for name in names:
+            group[name][: int(keep.sum())] = np.asarray(group[name][...])[keep]
+        rows = int(keep.sum())
+        if rows == 0:
+            raise DatasetError(f"dataset {meta.get('dataset')!r}: none of its {plan.rows} images could be decoded")
+    embeddings = group["embeddings"]
+    checksums = [_chunk_digest(np.asarray(embeddings[lo : min(lo + CHUNK_ROWS, rows)]))
+                 for lo in range(0, rows, CHUNK_ROWS)]
+    return publish_entry(store, key_fields, kind, rows, int(embeddings.shape[1]), names, checksums, meta,
+                         scratch=("plan.json", "shards"))

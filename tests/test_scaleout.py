@@ -1,0 +1,153 @@
+"""Sharded encode over --task_runner threads / dask: the same cache entries, to the bit, as a single process."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from storage.embedding_store import EmbeddingStore
+from tasks.encode.sharded import plan_shards
+
+
+@pytest.mark.parametrize("rows,batch,workers,shard_rows", [
+    (1, 64, 2, None), (300, 32, 2, 64), (1000, 100, 3, None), (10_000, 64, 2, None), (200_000, 256, 2, None),
+    (5000, 7, 4, 100), (4096, 4096, 1, None), (10, 64, 8, 1),
+])
+def test_shard_plan_covers_rows_on_batch_and_chunk_boundaries(rows, batch, workers, shard_rows):
+    plan = plan_shards(rows, batch, workers, shard_rows)
+    starts = [lo for lo, _ in plan.shards]
+    assert plan.shards[0][0] == 0 and plan.shards[-1][1] == rows
+    assert all(a[1] == b[0] for a, b in zip(plan.shards, plan.shards[1:], strict=False))  # contiguous, no overlap
+    assert all(lo % batch == 0 for lo in starts)  # same batches as one process
+    assert all(lo % plan.chunk_rows == 0 for lo in starts)  # no chunk shared by two shards
+    assert plan.chunk_rows % batch == 0 and (plan.chunk_rows <= 4096 or plan.chunk_rows == batch)
+    assert max(hi - lo for lo, hi in plan.shards) <= 65_536 or batch > 65_536
+
+
+def _entries(root) -> dict[str, dict[str, np.ndarray]]:
+    store = EmbeddingStore(root)
+    out = {}
+    for key in store.keys():
+        entry = store.open(key)
+        out[key] = {name: entry.array(name) for name in entry._group.array_keys()}
+        out[key]["chunk_sha256"] = np.array(entry.attrs["chunk_sha256"])
+        assert store.verify(key) == []
+    return out
+
+
+def _assert_same_entries(a, b) -> None:
+    ea, eb = _entries(a), _entries(b)
+    assert sorted(ea) == sorted(eb) and ea
+    for key in ea:
+        assert sorted(ea[key]) == sorted(eb[key])
+        for name in ea[key]:
+            np.testing.assert_array_equal(ea[key][name], eb[key][name], err_msg=f"{key[:12]} {name}")
+            assert ea[key][name].dtype == eb[key][name].dtype
+
+
+BASE = {"models": [{"model_name": "tiny-shapes-clip"}], "datasets": ["shapes", "shapes_retrieval"], "limit": 200,
+        "batch_size": 16, "verbose": False}
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory, prefect_server):
+    from flows.evaluate import evaluate
+    from flows.params import EvaluateParams
+
+    root = tmp_path_factory.mktemp("single")
+    results = evaluate(EvaluateParams(**BASE, cache_dir=str(root / "cache"), output_dir=str(root / "out")))
+    return root / "cache", results
+
+
+def test_threads_runner_writes_the_single_process_entries(prefect_server, single_process, tmp_path):
+    from flows.evaluate import evaluate
+    from flows.params import EvaluateParams
+
+    params = EvaluateParams(**BASE, cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "out"),
+                            task_runner="threads", workers=2, shard_rows=48)
+    results = evaluate(params)
+    assert [r.metrics for r in results] == [r.metrics for r in single_process[1]]
+    _assert_same_entries(single_process[0], tmp_path / "cache")
+    again = evaluate(params)
+    assert all(r.cache_hit and not r.model_loaded for r in again)
+
+
+def test_interrupted_sharded_encode_redoes_only_missing_shards(prefect_server, single_process, tmp_path,
+                                                               monkeypatch):
+    from flows.evaluate import evaluate
+    from flows.params import EvaluateParams
+    from storage.errors import ClipcacheError
+    from tasks.encode import sharded
+
+    params = EvaluateParams(**{**BASE, "datasets": ["shapes"]}, cache_dir=str(tmp_path / "cache"),
+                            output_dir=str(tmp_path / "out"), task_runner="threads", workers=2, shard_rows=32)
+    real = sharded.encode_shard
+    calls: list[int] = []
+
+    def crash_on_fifth(job):
+        calls.append(job.lo)
+        if job.lo == 128:
+            raise ClipcacheError("worker lost")
+        return real(job)
+
+    monkeypatch.setattr(sharded, "encode_shard", crash_on_fifth)
+    monkeypatch.setattr("tasks.prefect_tasks.encode_shard.fn", crash_on_fifth)
+    with pytest.raises(ClipcacheError, match="worker lost"):
+        evaluate(params)
+    store = EmbeddingStore(tmp_path / "cache")
+    assert store.keys() == [] or all(store.open(k).attrs["kind"] != "image" for k in store.keys())
+    done_before = set(calls) - {128}
+
+    calls.clear()
+    monkeypatch.setattr("tasks.prefect_tasks.encode_shard.fn", lambda job: (calls.append(job.lo), real(job))[1])
+    result = evaluate(params)[0]
+    assert result.resumed and 128 in calls
+    assert not (set(calls) & done_before), "finished shards were encoded again"
+    assert result.metrics == single_process[1][0].metrics
+    image = [k for k in store.keys() if store.open(k).attrs["kind"] == "image"]
+    ref = EmbeddingStore(single_process[0])
+    ref_image = [k for k in ref.keys() if ref.open(k).attrs["kind"] == "image" and ref.open(k).count == 200]
+    np.testing.assert_array_equal(store.open(image[0]).embeddings(), ref.open(ref_image[0]).embeddings())
+
+
+@pytest.mark.slow
+def test_dask_local_cluster_with_two_workers_matches_single_process(prefect_server, single_process, tmp_path):
+    """Two Dask worker processes (one torch thread each) against one process with the default threads."""
+    from flows.evaluate import evaluate
+    from flows.params import EvaluateParams
+
+    params = EvaluateParams(**BASE, cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "out"),
+                            task_runner="dask", workers=2, shard_rows=48)
+    results = evaluate(params)
+    assert [r.metrics for r in results] == [r.metrics for r in single_process[1]]
+    _assert_same_entries(single_process[0], tmp_path / "cache")
+
+
+def test_task_runner_values_are_checked():
+    from flows.params import EvaluateParams, validate
+    from storage.errors import ConfigError
+
+    for good in ("none", "threads", "dask", "dask://10.0.0.5:8786", "tcp://sched:8786"):
+        assert validate(EvaluateParams, {**BASE, "task_runner": good}).task_runner == good
+    with pytest.raises(ConfigError, match="task_runner: .*got 'ray'"):
+        validate(EvaluateParams, {**BASE, "task_runner": "ray"})
+
+
+def test_sharded_skip_of_a_corrupt_image_equals_single_process(prefect_server, tmp_path):
+    """Skipped rows leave a gap in their shard's region; publishing closes it exactly as one process would."""
+    from conftest import replace_tar_member, write_wds
+    from flows.evaluate import evaluate
+    from flows.params import EvaluateParams
+    from storage.errors import DatasetError
+
+    root = write_wds(tmp_path / "d", "classification", 40, shards=2, fmt="png")
+    replace_tar_member(root / "test" / "0.tar", "s000004.png", b"\x89PNG garbage")
+    base = {**BASE, "datasets": ["wds/d"], "dataset_root": str(root), "limit": None, "on_bad_image": "skip"}
+    single = evaluate(EvaluateParams(**base, cache_dir=str(tmp_path / "c1"), output_dir=str(tmp_path / "o1")))
+    sharded = evaluate(EvaluateParams(**base, cache_dir=str(tmp_path / "c2"), output_dir=str(tmp_path / "o2"),
+                                      task_runner="threads", workers=2, shard_rows=16))
+    assert sharded[0].metrics == single[0].metrics and single[0].metrics["skipped_images"] == 1
+    _assert_same_entries(tmp_path / "c1", tmp_path / "c2")
+    with pytest.raises(DatasetError, match="s000004.png"):
+        evaluate(EvaluateParams(**{**base, "on_bad_image": "error"}, cache_dir=str(tmp_path / "c3"),
+                                output_dir=str(tmp_path / "o3"), task_runner="threads", workers=2, shard_rows=16))
