@@ -121,6 +121,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return _run(params)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from flows.deployments import serve_deployments
+
+    serve_deployments(args.prefect_file, args.deployment, args.limit)
+    return 0
+
+
 def _run(params, cached_only: bool = False) -> int:
     from flows.console import print_results
     from flows.evaluate import evaluate, rescore
@@ -140,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run an evalscope-style task config (JSON or YAML)")
     run.add_argument("config", help="task_cfg.json or task_cfg.yaml")
     run.set_defaults(handler=_cmd_run)
+    serve = sub.add_parser("serve", help="serve prefect.yaml's deployments (with their schedules) from this process",
+                           description="Register every deployment in prefect.yaml with the Prefect API and run their "
+                                       "scheduled and triggered flow runs here, until interrupted.")
+    _flag(serve, "prefect_file", default="prefect.yaml")
+    _flag(serve, "deployment", nargs="+", default=None, help="serve only these deployments")
+    _flag(serve, "limit", type=int, default=None, help="at most this many concurrent flow runs")
+    serve.set_defaults(handler=_cmd_serve)
     from flows.cli_cache import add_cache_parser
     from flows.cli_catalog import add_catalog_parsers
     from flows.cli_query import add_query_parser, add_report_parser, add_results_parser

@@ -113,8 +113,9 @@ def add_report_parser(sub: argparse._SubParsersAction) -> None:
 def run_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from flows.params import validate
     from flows.report import ReportParams, report
 
-    path = report(ReportParams(output_dir=args.output_dir, report_path=args.out))
+    path = report(validate(ReportParams, {"output_dir": args.output_dir, "report_path": args.out}))
     Console().print(f"report: {path}", highlight=False)
     return 0

@@ -5,7 +5,16 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, SecretStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    SecretStr,
+    field_validator,
+)
 
 from storage.errors import ConfigError
 
@@ -52,3 +61,10 @@ class ConvertParams(BaseModel):
     cache_dir: str = "cache"
     skip_existing: bool = False
     verbose: bool = True
+
+    @field_validator("output_dir", "cache_dir")
+    @classmethod
+    def _local(cls, value: str) -> str:
+        from flows.params import local_folder
+
+        return local_folder(value)

@@ -75,6 +75,15 @@ class EvaluateParams(BaseModel):
         return value
 
 
+def local_folder(value: str) -> str:
+    """For the flows that write through local-only tools (dbt, BEIR files): reject fsspec URLs by name."""
+    from storage.paths import is_url
+
+    if is_url(value):
+        raise ValueError(f"must be a local folder ({value!r} is a URL; URLs work for eval, rescore and query)")
+    return value
+
+
 def describe_validation_error(error: ValidationError, prefix: str = "") -> str:
     """'field.path: message' for every problem, one per line (pydantic's own text names the model, not the field)."""
     lines = []

@@ -10,9 +10,10 @@ runtime.configure()
 
 from prefect import flow, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
-from pydantic import BaseModel, ConfigDict  # noqa: E402
+from pydantic import BaseModel, ConfigDict, field_validator  # noqa: E402
 
 from flows.artifacts import publish_report  # noqa: E402
+from flows.params import local_folder  # noqa: E402
 from tasks.report.dbt_build import dbt_build  # noqa: E402
 from tasks.report.html import render_report  # noqa: E402
 
@@ -22,6 +23,11 @@ class ReportParams(BaseModel):
 
     output_dir: str = "outputs"
     report_path: str | None = None  # default: <output_dir>/report/index.html
+
+    @field_validator("output_dir")
+    @classmethod
+    def _local(cls, value: str) -> str:
+        return local_folder(value)
 
 
 build_marts = task(dbt_build, name="dbt-build", cache_policy=NO_CACHE)

@@ -58,8 +58,11 @@ def open_task_runner(task_runner: str, workers: int | None) -> AbstractContextMa
                               else task_runner)
     # Workers report their task runs to the flow's API (the ephemeral one included) instead of each starting its own
     # server. Dask's nanny gives each worker OMP_NUM_THREADS=1: one torch thread per worker process.
-    env = {"DASK_LOGGING__DISTRIBUTED": "warning", **({"PREFECT_API_URL": _api_url()} if _api_url() else {})}
-    logging.getLogger("distributed").setLevel(logging.WARNING)  # cluster start-up chatter, in this process
+    env = {"PREFECT_API_URL": _api_url()} if _api_url() else {}
+    # Cluster start-up chatter: quiet here and in the workers, which read dask's config from the environment they
+    # inherit when spawned (the nanny's `env` is applied too late for it). Exporting the variable overrides this.
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+    logging.getLogger("distributed").setLevel(logging.WARNING)
     return DaskTaskRunner(cluster_kwargs={"n_workers": n, "threads_per_worker": 1, "processes": True,
                                           "dashboard_address": None, "silence_logs": logging.ERROR, "env": env})
 

@@ -87,7 +87,8 @@ def test_entry_written_in_place_is_invisible_until_published_and_resumes(tmp_pat
 
 
 @pytest.mark.slow
-def test_evaluate_with_cache_and_results_on_s3(prefect_server, s3_endpoint, bucket, tmp_path, monkeypatch):
+def test_evaluate_with_cache_and_results_on_s3(prefect_server, s3_endpoint, bucket, tmp_path, monkeypatch,
+                                               capsys):
     """The whole pipeline against S3: embeddings, evalscope JSON and Parquet go to the bucket, DuckDB queries them
     there, and a second run reads the cached embeddings back from S3 without loading the model."""
     import clipcache
@@ -122,6 +123,21 @@ def test_evaluate_with_cache_and_results_on_s3(prefect_server, s3_endpoint, buck
 
     store = EmbeddingStore(f"s3://{bucket}/cache")
     assert store.keys() and all(store.verify(k) == [] for k in store.keys())
+    from flows.cli import main
+
+    capsys.readouterr()
+    assert main(["cache", "--cache_dir", f"s3://{bucket}/cache", "ls"]) == 0
+    listing = capsys.readouterr().out
+    assert all(k[:12] in listing for k in store.keys())
+    assert main(["cache", "--cache_dir", f"s3://{bucket}/cache", "verify"]) == 0
     payload = json.loads(as_path(f"s3://{bucket}/results/tiny-shapes-clip/shapes_zeroshot_classification.json")
                          .read_text())
     assert payload["metrics"]["acc1"] == pytest.approx(expected[0].metrics["acc1"])
+
+
+def test_local_only_commands_name_the_field_for_urls(capsys):
+    from flows.cli import main
+
+    assert main(["report", "--output_dir", "s3://bucket/results"]) == 2
+    err = capsys.readouterr().err
+    assert "output_dir: " in err and "must be a local folder" in err and "Traceback" not in err

@@ -135,10 +135,11 @@ def test_task_runner_values_are_checked():
 
 def test_sharded_skip_of_a_corrupt_image_equals_single_process(prefect_server, tmp_path):
     """Skipped rows leave a gap in their shard's region; publishing closes it exactly as one process would."""
-    from conftest import replace_tar_member, write_wds
     from flows.evaluate import evaluate
     from flows.params import EvaluateParams
     from storage.errors import DatasetError
+
+    from conftest import replace_tar_member, write_wds
 
     root = write_wds(tmp_path / "d", "classification", 40, shards=2, fmt="png")
     replace_tar_member(root / "test" / "0.tar", "s000004.png", b"\x89PNG garbage")

@@ -1,0 +1,109 @@
+"""Scheduled evaluation: the ``evaluate-suite`` flow and serving the deployments declared in ``prefect.yaml``.
+
+``prefect.yaml`` is the one place deployments are declared. Two ways to run them:
+
+- ``clipcache serve``: one long-lived process registers every deployment (with its schedules) and runs their flow
+  runs itself (Prefect's ``serve``); nothing else to set up.
+- ``prefect deploy --all`` + ``prefect worker start --pool clipcache``: the work-pool path, where workers (on this or
+  other machines) pick up scheduled and triggered runs.
+
+A suite file is a YAML (or JSON) mapping with the ``evaluate`` flow's parameters (``EvaluateParams``: models,
+datasets, cache_dir, output_dir, ...) or an evalscope task config; it is read and validated when the run starts, so
+editing the file changes the next nightly run without redeploying.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flows import runtime
+
+runtime.configure()
+
+import yaml  # noqa: E402
+from prefect import flow  # noqa: E402
+from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
+
+from flows.evalscope import load_task_config, to_evaluate_params  # noqa: E402
+from flows.evaluate import PairResult, run_pairs  # noqa: E402
+from flows.params import EvaluateParams, validate  # noqa: E402
+from storage.errors import ConfigError  # noqa: E402
+
+DEFAULT_PREFECT_FILE = "prefect.yaml"
+
+
+class SuiteParams(BaseModel):
+    """Parameters of the ``evaluate-suite`` flow (the nightly deployment's parameter schema)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    suite: str = Field("suites/nightly.yaml", description="YAML/JSON file with the evaluate flow's parameters, or "
+                                                          "an evalscope task config")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="parameters replacing the suite's, e.g. "
+                                                                        "{limit: 100}")
+
+
+def load_suite(path: str | Path, overrides: dict[str, Any] | None = None) -> EvaluateParams:
+    data = load_task_config(str(path))
+    if "eval_config" in data:
+        params = to_evaluate_params(data)
+        return validate(EvaluateParams, {**params.model_dump(), **(overrides or {})}, prefix=f"{path}: ")
+    return validate(EvaluateParams, {**data, **(overrides or {})}, prefix=f"{path}: ")
+
+
+@flow(name="evaluate-suite", flow_run_name="suite-{params.suite}", validate_parameters=True, log_prints=False)
+def evaluate_suite(params: SuiteParams) -> list[PairResult]:
+    """Evaluate every (model, dataset) pair of a suite file: encode what the cache lacks, score, write results."""
+    return run_pairs(load_suite(params.suite, params.overrides), cached_only=False)
+
+
+def read_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE) -> list[dict[str, Any]]:
+    path = Path(prefect_file)
+    if not path.is_file():
+        raise ConfigError(f"{path} not found: run from the project folder or pass --prefect_file")
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from e
+    deployments = doc.get("deployments")
+    if not isinstance(deployments, list) or not deployments:
+        raise ConfigError(f"{path}: no deployments declared")
+    for i, d in enumerate(deployments):
+        for key in ("name", "entrypoint"):
+            if not isinstance(d, dict) or not d.get(key):
+                raise ConfigError(f"{path}: deployments[{i}].{key} is missing")
+    return deployments
+
+
+def runner_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE, names: list[str] | None = None) -> list:
+    """``prefect.yaml``'s deployments as deployments served by this process (same names, parameters, schedules)."""
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect.schedules import Cron, Interval
+
+    base = Path(prefect_file).resolve().parent
+    chosen = [d for d in read_deployments(prefect_file) if not names or d["name"] in names]
+    missing = set(names or []) - {d["name"] for d in chosen}
+    if missing:
+        raise ConfigError(f"no deployment named {', '.join(sorted(missing))} in {prefect_file}")
+    out = []
+    for d in chosen:
+        file, _, func = d["entrypoint"].partition(":")
+        flow_obj = load_flow_from_entrypoint(f"{base / file}:{func}", use_placeholder_flow=False)
+        schedules = []
+        for s in d.get("schedules") or []:
+            if s.get("cron"):
+                schedules.append(Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True)))
+            elif s.get("interval"):
+                schedules.append(Interval(s["interval"], timezone=s.get("timezone"), active=s.get("active", True)))
+        out.append(flow_obj.to_deployment(name=d["name"], parameters=d.get("parameters") or {},
+                                          schedules=schedules or None, description=d.get("description"),
+                                          tags=d.get("tags")))
+    return out
+
+
+def serve_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE, names: list[str] | None = None,
+                      limit: int | None = None) -> None:
+    from prefect import serve
+
+    serve(*runner_deployments(prefect_file, names), limit=limit)
