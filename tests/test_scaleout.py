@@ -152,3 +152,43 @@ def test_sharded_skip_of_a_corrupt_image_equals_single_process(prefect_server, t
     with pytest.raises(DatasetError, match="s000004.png"):
         evaluate(EvaluateParams(**{**base, "on_bad_image": "error"}, cache_dir=str(tmp_path / "c3"),
                                 output_dir=str(tmp_path / "o3"), task_runner="threads", workers=2, shard_rows=16))
+
+
+@pytest.mark.slow
+def test_existing_dask_scheduler_by_address(prefect_server, single_process, tmp_path):
+    """`dask scheduler` + `dask worker` processes started on their own, reached as dask://127.0.0.1:PORT; the
+    workers report their task runs to the same Prefect API as the flow (PREFECT_API_URL), as a deployment would."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import prefect.settings
+
+    from flows.evaluate import evaluate
+    from flows.params import EvaluateParams
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PREFECT_API_URL": prefect.settings.PREFECT_API_URL.value(),
+           "DASK_LOGGING__DISTRIBUTED": "warning"}
+    procs = [subprocess.Popen([str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        time.sleep(2)
+        procs.append(subprocess.Popen([str(bin_dir / "dask"), "worker", f"tcp://127.0.0.1:{port}", "--nworkers",
+                                       "2", "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        params = EvaluateParams(**BASE, cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "out"),
+                                task_runner=f"dask://127.0.0.1:{port}", shard_rows=48)
+        results = evaluate(params)
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            proc.wait(timeout=30)
+    assert [r.metrics for r in results] == [r.metrics for r in single_process[1]]
+    _assert_same_entries(single_process[0], tmp_path / "cache")
