@@ -105,5 +105,10 @@ def runner_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE, names: l
 def serve_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE, names: list[str] | None = None,
                       limit: int | None = None) -> None:
     from prefect import serve
+    from prefect.settings import PREFECT_API_URL
 
+    # Prefect's ephemeral server (what runs without PREFECT_API_URL) has no scheduler: schedules would never fire.
+    if not PREFECT_API_URL.value():
+        raise ConfigError("clipcache serve needs a Prefect server for its schedules: run `prefect server start` and "
+                          "export PREFECT_API_URL=http://127.0.0.1:4200/api (or your server's URL)")
     serve(*runner_deployments(prefect_file, names), limit=limit)

@@ -137,7 +137,9 @@ def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run
     if params.skip_existing and existing.exists():
         return PairResult(spec.model_name, name, task, status="skipped", files=[str(existing)])
     loads_before = session.loads
+    shard_started = time.perf_counter()
     sharded = _encode_sharded(encoder, params, session, dataset, name, task, memo) if encoder else {}
+    shard_seconds = time.perf_counter() - shard_started
     try:
         encoded = t.encode(session, dataset, task, store, memo, opts, progress, sharded)
     except CacheMissError as e:
@@ -147,8 +149,9 @@ def _evaluate_pair(params, spec, session, name, store, memo, opts, progress, run
                       task)
     files = t.write_results(ctx, scored.metrics, scored.n_samples, encoded.cache_keys, params.output_dir,
                             params.output)
+    loaded = session.loads > loads_before or bool(sharded)  # sharded: the workers loaded it
     return PairResult(spec.model_name, name, task, scored.metrics, scored.n_samples, "done", encoded.cache_hit,
-                      encoded.resumed, session.loads > loads_before, encoded.seconds, scored.seconds,
+                      encoded.resumed, loaded, encoded.seconds + shard_seconds, scored.seconds,
                       [str(f) for f in files])
 
 

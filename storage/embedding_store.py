@@ -7,13 +7,15 @@ Layout under the store root::
         position                    int64 (rows,): the input position each row came from (sample / caption / prompt)
         <aux arrays>                per-row data the scorer needs (targets, caption -> sample index, ...)
         zarr.json attributes        key, key_fields, count, dim, per-chunk SHA-256, created_at, extra metadata
-    embeddings/<key>.partial.zarr/  an entry being written; progress.json says how much is committed
+    embeddings/<key>.partial.zarr/  an entry being written; progress.json says how much is committed (a sharded
+                                    encode keeps plan.json and shards/<lo>-<hi>.json there instead)
     locks/<key>.lock                one writer per key
 
 Why this shape: a complete entry appears only through a directory rename, so a half-written entry is never readable as
-complete (on an object store, which cannot rename, an entry is written in place and becomes complete when its group
-metadata, carrying count and checksums, is uploaded last: one object, so readers see all or nothing); a writer commits whole chunks and records them in ``progress.json`` (itself replaced atomically), so a crash
-costs at most the rows not yet committed; checksums per chunk find a damaged file on read. Embeddings do not compress
+complete; a writer commits whole chunks and records them in ``progress.json`` (itself replaced atomically), so a crash
+costs at most the rows not yet committed; checksums per chunk find a damaged file on read. On an object store, which
+cannot rename, an entry is written in place and becomes complete when its group metadata (count, checksums) is
+uploaded last: one object, so readers see all or nothing. Embeddings do not compress
 (zstd saves ~9% at half the speed), so chunks are stored raw: reads run at disk speed.
 """
 

@@ -195,3 +195,14 @@ def test_clipcache_serve_turns_a_cron_schedule_into_runs(prefect_api, tmp_path):
         _stop(serve)
     assert finished["state"]["type"] == "COMPLETED", finished["state"]
     assert _metric_rows(tmp_path / "out").keys() == {"shapes"}
+
+
+def test_serve_without_a_server_says_what_to_start(capsys):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.cli import main
+
+    with temporary_settings(updates={PREFECT_API_URL: None}):
+        assert main(["serve", "--prefect_file", str(REPO / "prefect.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "prefect server start" in err and "PREFECT_API_URL" in err
