@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from storage.embedding_store import EmbeddingStore, entry_key
+from storage.errors import ClipcacheError
 from tasks import prefect_tasks as t
 from tasks.encode.datasets.base import EvalDataset
 from tasks.encode.sharded import (
@@ -91,8 +92,11 @@ class ShardedEncoder:
 
     def _dim(self, model: WorkerModel) -> int:
         key = entry_key({"model": model.resolved.identity, "precision": model.precision})
-        if key not in self._dims:
-            self._dims[key] = self.runner.submit(t.probe_dim, parameters={"model": model}).result()
+        if key not in self._dims:  # the first submission: a Dask runner connects / starts its cluster here
+            try:
+                self._dims[key] = self.runner.submit(t.probe_dim, parameters={"model": model}).result()
+            except (OSError, TimeoutError) as e:
+                raise ClipcacheError(f"task_runner {self.params.task_runner}: cannot reach the workers ({e})") from e
         return self._dims[key]
 
     def encode(self, session: ModelSession, dataset: EvalDataset, source: DatasetSource, role: str,

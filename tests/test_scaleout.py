@@ -192,3 +192,16 @@ def test_existing_dask_scheduler_by_address(prefect_server, single_process, tmp_
             proc.wait(timeout=30)
     assert [r.metrics for r in results] == [r.metrics for r in single_process[1]]
     _assert_same_entries(single_process[0], tmp_path / "cache")
+
+
+def test_unreachable_scheduler_is_one_clear_error(prefect_server, tmp_path, capsys):
+    import dask
+
+    from flows.cli import main
+
+    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
+        code = main(["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "8", "--quiet",
+                     "--task_runner", "dask://127.0.0.1:9", "--cache_dir", str(tmp_path / "c"),
+                     "--output_dir", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 1 and "cannot reach the workers" in err and "Traceback" not in err
