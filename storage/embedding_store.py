@@ -370,16 +370,20 @@ class EntryWriter:
 
 
 def publish_entry(store: EmbeddingStore, key_fields: dict[str, Any], kind: str, rows: int, dim: int,
-                  arrays: list[str], chunk_sha256: list[str], meta: dict[str, Any] | None,
+                  arrays: list[str], chunk_sha256: list[str] | None, meta: dict[str, Any] | None,
                   scratch: tuple[str, ...] = ("progress.json",)) -> EmbeddingRef:
     """Trim the partial entry's arrays to ``rows``, write the metadata and make the entry complete: a directory
-    rename locally; on an object store the metadata upload itself is the commit. ``scratch`` files go afterwards."""
+    rename locally; on an object store the metadata upload itself is the commit. ``scratch`` files go afterwards.
+    ``chunk_sha256=None``: checksum the stored rows now (writers that did not see every row, e.g. sharded ones)."""
     key = entry_key(key_fields)
     partial = store.partial_path(key)
     group = zarr.open_group(url(partial), mode="r+", zarr_format=3)
     for name in arrays:
         arr = group[name]
         arr.resize((rows, *arr.shape[1:]))
+    if chunk_sha256 is None:
+        stored = group["embeddings"]
+        chunk_sha256 = [_chunk_digest(np.asarray(stored[lo : lo + CHUNK_ROWS])) for lo in range(0, rows, CHUNK_ROWS)]
     group.attrs.update({
         "key": key,
         "key_fields": key_fields,

@@ -27,7 +27,7 @@ import numpy as np
 import zarr
 
 from storage.atomic import atomic_write_json
-from storage.embedding_store import CHUNK_ROWS, EmbeddingRef, EmbeddingStore, _chunk_digest, entry_key, publish_entry
+from storage.embedding_store import CHUNK_ROWS, EmbeddingRef, EmbeddingStore, entry_key, publish_entry
 from storage.errors import DatasetError, ModelError
 from storage.hashing import FileHashMemo, canonical_json
 from storage.paths import rmtree, url
@@ -273,8 +273,5 @@ def publish_sharded(store: EmbeddingStore, key_fields: dict[str, Any], kind: str
         rows = int(keep.sum())
         if rows == 0:
             raise DatasetError(f"dataset {meta.get('dataset')!r}: none of its {plan.rows} images could be decoded")
-    embeddings = group["embeddings"]
-    checksums = [_chunk_digest(np.asarray(embeddings[lo : min(lo + CHUNK_ROWS, rows)]))
-                 for lo in range(0, rows, CHUNK_ROWS)]
-    return publish_entry(store, key_fields, kind, rows, int(embeddings.shape[1]), names, checksums, meta,
+    return publish_entry(store, key_fields, kind, rows, int(group["embeddings"].shape[1]), names, None, meta,
                          scratch=("plan.json", "shards"))
