@@ -133,8 +133,10 @@ def test_task_runner_values_are_checked():
         validate(EvaluateParams, {**BASE, "task_runner": "ray"})
 
 
-def test_sharded_skip_of_a_corrupt_image_equals_single_process(prefect_server, tmp_path):
-    """Skipped rows leave a gap in their shard's region; publishing closes it exactly as one process would."""
+@pytest.mark.parametrize("bad,batch_size", [([4], 16), ([4, 5, 6, 7], 4)], ids=["one-image", "a-whole-shard"])
+def test_sharded_skip_of_corrupt_images_equals_single_process(prefect_server, tmp_path, bad, batch_size):
+    """Skipped rows leave a gap in their shard's region (or fill it); publishing closes it exactly as one process
+    would."""
     from flows.evaluate import evaluate
     from flows.params import EvaluateParams
     from storage.errors import DatasetError
@@ -142,16 +144,19 @@ def test_sharded_skip_of_a_corrupt_image_equals_single_process(prefect_server, t
     from conftest import replace_tar_member, write_wds
 
     root = write_wds(tmp_path / "d", "classification", 40, shards=2, fmt="png")
-    replace_tar_member(root / "test" / "0.tar", "s000004.png", b"\x89PNG garbage")
-    base = {**BASE, "datasets": ["wds/d"], "dataset_root": str(root), "limit": None, "on_bad_image": "skip"}
+    for i in bad:
+        replace_tar_member(root / "test" / "0.tar", f"s{i:06d}.png", b"\x89PNG garbage")
+    base = {**BASE, "datasets": ["wds/d"], "dataset_root": str(root), "limit": None, "on_bad_image": "skip",
+            "batch_size": batch_size}
+    sharding = {"task_runner": "threads", "workers": 2, "shard_rows": batch_size}
     single = evaluate(EvaluateParams(**base, cache_dir=str(tmp_path / "c1"), output_dir=str(tmp_path / "o1")))
     sharded = evaluate(EvaluateParams(**base, cache_dir=str(tmp_path / "c2"), output_dir=str(tmp_path / "o2"),
-                                      task_runner="threads", workers=2, shard_rows=16))
-    assert sharded[0].metrics == single[0].metrics and single[0].metrics["skipped_images"] == 1
+                                      **sharding))
+    assert sharded[0].metrics == single[0].metrics and single[0].metrics["skipped_images"] == len(bad)
     _assert_same_entries(tmp_path / "c1", tmp_path / "c2")
-    with pytest.raises(DatasetError, match="s000004.png"):
+    with pytest.raises(DatasetError, match=f"s{bad[0]:06d}.png"):
         evaluate(EvaluateParams(**{**base, "on_bad_image": "error"}, cache_dir=str(tmp_path / "c3"),
-                                output_dir=str(tmp_path / "o3"), task_runner="threads", workers=2, shard_rows=16))
+                                output_dir=str(tmp_path / "o3"), **sharding))
 
 
 @pytest.mark.slow

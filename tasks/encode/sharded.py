@@ -188,9 +188,11 @@ def encode_shard(job: ShardJob) -> ShardDone:
         return ShardDone(job.lo, job.hi, 0, tuple(done["skipped"]), cached=True)
     dataset = worker_dataset(job.source)
     model = worker_session(job.model).model
+    group = zarr.open_group(url(store.partial_path(job.key)), mode="r+", zarr_format=3)
     skipped: list[int] = []
     if job.role == "image":
-        parts: list[tuple[np.ndarray, np.ndarray]] = []
+        # rows of skipped images stay zero here; publish_sharded drops them (a shard may even skip every image)
+        out = np.zeros((job.hi - job.lo, group["embeddings"].shape[1]), dtype=np.float32)
         for batch in iter_image_batches(dataset, model.image_transform, job.lo, job.batch_size, job.num_workers,
                                         stop=job.hi):
             if batch.errors and job.on_bad_image == "error":
@@ -199,17 +201,11 @@ def encode_shard(job: ShardJob) -> ShardDone:
                 log.warning("skipping: %s", message)
                 skipped.append(int(index))
             if batch.pixels is not None:
-                parts.append((batch.indices, model.encode_images(batch.pixels)))
-        if not parts:
-            raise DatasetError(f"dataset {dataset.name!r}: none of images {job.lo}..{job.hi - 1} could be decoded")
-        out = np.zeros((job.hi - job.lo, parts[0][1].shape[1]), dtype=np.float32)
-        for indices, vectors in parts:
-            out[indices - job.lo] = vectors
+                out[batch.indices - job.lo] = model.encode_images(batch.pixels)
     else:
         texts = flat_captions(dataset)[0][job.lo : job.hi]
         out = np.concatenate([model.encode_texts(texts[i : i + job.batch_size])
                               for i in range(0, len(texts), job.batch_size)]).astype(np.float32, copy=False)
-    group = zarr.open_group(url(store.partial_path(job.key)), mode="r+", zarr_format=3)
     group["embeddings"][job.lo : job.hi] = out
     atomic_write_json(marker, {"lo": job.lo, "hi": job.hi, "skipped": skipped})
     return ShardDone(job.lo, job.hi, job.hi - job.lo - len(skipped), tuple(skipped))
