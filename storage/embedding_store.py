@@ -192,8 +192,8 @@ class EmbeddingStore:
         """Delete an entry (complete or partial) under its lock; returns the bytes freed."""
         freed = 0
         with self.lock(key):
-            for path in {url(self.entry_path(key)): self.entry_path(key),
-                         url(self.partial_path(key)): self.partial_path(key)}.values():
+            # written in place (object stores), the partial entry and the entry are one folder
+            for path in [self.entry_path(key)] + ([] if self.in_place else [self.partial_path(key)]):
                 if path.exists():
                     freed += folder_bytes(path)
                     rmtree(path)

@@ -98,10 +98,10 @@ def tree_bytes(path: AnyPath) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def local_dir(location: str | os.PathLike, fallback_env: str = "CLIPCACHE_LOCAL_DIR") -> Path:
+def local_dir(location: str | os.PathLike) -> Path:
     """A local folder for things that must be on local disk (downloaded datasets, file-hash memo): ``location``
     itself when it is local, else ``$CLIPCACHE_LOCAL_DIR`` or ``~/.cache/clipcache``."""
     path = as_path(location)
     if not is_remote(path):
         return path
-    return Path(os.environ.get(fallback_env) or Path.home() / ".cache" / "clipcache")
+    return Path(os.environ.get("CLIPCACHE_LOCAL_DIR") or Path.home() / ".cache" / "clipcache")
