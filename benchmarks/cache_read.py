@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from storage.embedding_store import EmbeddingStore  # noqa: E402
+from clipcache.storage.embedding_store import EmbeddingStore  # noqa: E402
 
 
 def main() -> None:

@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from fake_vlm_server import FakeVLMServer  # noqa: E402
 
-from storage.caption_cache import CaptionCache  # noqa: E402
-from tasks.convert.captioner import CaptionSettings, caption_images  # noqa: E402
-from tasks.encode.datasets.shapes import load_shapes  # noqa: E402
-from tasks.progress import StageProgress  # noqa: E402
+from clipcache.storage.caption_cache import CaptionCache  # noqa: E402
+from clipcache.tasks.convert.captioner import CaptionSettings, caption_images  # noqa: E402
+from clipcache.tasks.datasets.shapes import load_shapes  # noqa: E402
+from clipcache.tasks.progress import StageProgress  # noqa: E402
 
 
 def run(api_base: str, images: list, concurrency: int) -> tuple[float, int]:

@@ -19,12 +19,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from storage.embedding_store import EmbeddingStore  # noqa: E402
-from storage.hashing import FileHashMemo  # noqa: E402
-from tasks.encode.models.resolve import resolve_model  # noqa: E402
-from tasks.encode.models.spec import ModelSpec  # noqa: E402
-from tasks.encode.stage import ModelSession, encode_prompts  # noqa: E402
-from tasks.progress import StageProgress  # noqa: E402
+from clipcache.storage.embedding_store import EmbeddingStore  # noqa: E402
+from clipcache.storage.hashing import FileHashMemo  # noqa: E402
+from clipcache.tasks.encode.stage import ModelSession, encode_prompts  # noqa: E402
+from clipcache.tasks.models.resolve import resolve_model  # noqa: E402
+from clipcache.tasks.models.spec import ModelSpec  # noqa: E402
+from clipcache.tasks.progress import StageProgress  # noqa: E402
 
 COLOURS = ["red", "green", "blue", "yellow", "purple", "orange", "white", "black", "gray", "pink"]
 THINGS = ["circle", "square", "triangle", "diamond", "cross", "star", "ring", "arrow", "heart", "moon"]

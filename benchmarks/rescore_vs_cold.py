@@ -22,15 +22,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from storage.embedding_store import EmbeddingStore  # noqa: E402
-from storage.hashing import FileHashMemo  # noqa: E402
-from tasks.encode.datasets import open_dataset  # noqa: E402
-from tasks.encode.datasets.shapes import caption, load_shapes  # noqa: E402
-from tasks.encode.models.resolve import resolve_model  # noqa: E402
-from tasks.encode.models.spec import ModelSpec  # noqa: E402
-from tasks.encode.stage import ModelSession  # noqa: E402
-from tasks.evaluation import EncodeOptions, encode_dataset, score_dataset  # noqa: E402
-from tasks.progress import StageProgress  # noqa: E402
+from clipcache.storage.embedding_store import EmbeddingStore  # noqa: E402
+from clipcache.storage.hashing import FileHashMemo  # noqa: E402
+from clipcache.tasks.datasets import open_dataset  # noqa: E402
+from clipcache.tasks.datasets.shapes import caption, load_shapes  # noqa: E402
+from clipcache.tasks.encode.stage import ModelSession  # noqa: E402
+from clipcache.tasks.evaluation import EncodeOptions, encode_dataset, score_dataset  # noqa: E402
+from clipcache.tasks.models.resolve import resolve_model  # noqa: E402
+from clipcache.tasks.models.spec import ModelSpec  # noqa: E402
+from clipcache.tasks.progress import StageProgress  # noqa: E402
 
 
 def write_retrieval_wds(root: Path, n: int, per_image: int) -> None:

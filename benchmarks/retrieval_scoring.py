@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from storage.embedding_store import AuxSpec, EmbeddingStore  # noqa: E402
+from clipcache.storage.embedding_store import AuxSpec, EmbeddingStore  # noqa: E402
 
 
 def unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
@@ -51,8 +51,8 @@ def build(cache: Path, n_images: int, n_captions: int, dim: int) -> tuple[str, s
 
 
 def score_child(cache: str, image_key: str, caption_key: str) -> None:
-    from storage.embedding_store import EmbeddingRef
-    from tasks.score.stage import score_retrieval
+    from clipcache.storage.embedding_store import EmbeddingRef
+    from clipcache.tasks.score.stage import score_retrieval
 
     store = EmbeddingStore(cache)
     images, captions = store.open(image_key), store.open(caption_key)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flows import runtime  # noqa: E402
+from clipcache.flows import runtime  # noqa: E402
 
 runtime.configure()
 
@@ -30,16 +30,16 @@ import numpy as np  # noqa: E402
 from prefect import flow, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from flows.params import EvaluateParams  # noqa: E402
-from flows.scaleout import ShardedEncoder, open_task_runner  # noqa: E402
-from storage.embedding_store import EmbeddingStore  # noqa: E402
-from storage.hashing import FileHashMemo  # noqa: E402
-from tasks.encode.datasets import open_dataset  # noqa: E402
-from tasks.encode.models.resolve import resolve_model  # noqa: E402
-from tasks.encode.models.spec import ModelSpec  # noqa: E402
-from tasks.encode.sharded import DatasetSource, plan_shards  # noqa: E402
-from tasks.encode.stage import ModelSession, image_key_fields  # noqa: E402
-from tasks.progress import StageProgress  # noqa: E402
+from clipcache.flows.params import EvaluateParams  # noqa: E402
+from clipcache.flows.scaleout import ShardedEncoder, open_task_runner  # noqa: E402
+from clipcache.storage.embedding_store import EmbeddingStore  # noqa: E402
+from clipcache.storage.hashing import FileHashMemo  # noqa: E402
+from clipcache.tasks.datasets import open_dataset  # noqa: E402
+from clipcache.tasks.encode.sharded import DatasetSource, plan_shards  # noqa: E402
+from clipcache.tasks.encode.stage import ModelSession, image_key_fields  # noqa: E402
+from clipcache.tasks.models.resolve import resolve_model  # noqa: E402
+from clipcache.tasks.models.spec import ModelSpec  # noqa: E402
+from clipcache.tasks.progress import StageProgress  # noqa: E402
 
 
 @task(name="noop", cache_policy=NO_CACHE)

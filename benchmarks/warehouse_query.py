@@ -20,9 +20,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from storage.compaction import compact  # noqa: E402
-from storage.results import write_metric_rows  # noqa: E402
-from storage.warehouse import connect  # noqa: E402
+from clipcache.storage.compaction import compact  # noqa: E402
+from clipcache.storage.results import write_metric_rows  # noqa: E402
+from clipcache.storage.warehouse import connect  # noqa: E402
 
 LEADERBOARD = """
 with latest as (

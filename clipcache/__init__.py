@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.errors import CacheIntegrityError, ClipcacheError, ConfigError, DatasetError, ModelError
+from clipcache.storage.errors import CacheIntegrityError, ClipcacheError, ConfigError, DatasetError, ModelError
 
 __all__ = ["run_task", "connect", "ClipcacheError", "ConfigError", "DatasetError", "ModelError", "CacheIntegrityError"]
 
@@ -19,18 +19,18 @@ def run_task(task_cfg: dict[str, Any] | str) -> list[dict[str, Any]]:
     """Run an evalscope task config; returns one ``{"dataset", "model", "task", "metrics"}`` dict per pair.
 
     ``task: image_caption`` runs the convert flow (BEIR files); any other task the evaluate flow."""
-    from flows import runtime
+    from clipcache.flows import runtime
 
     runtime.configure()
-    from flows.convert_params import ConvertParams
-    from flows.evalscope import parse_task_config
+    from clipcache.flows.convert_params import ConvertParams
+    from clipcache.flows.evalscope import parse_task_config
 
     params = parse_task_config(task_cfg)
     if isinstance(params, ConvertParams):
-        from flows.convert import convert
+        from clipcache.flows.convert import convert
 
         return convert(params)
-    from flows.evaluate import evaluate
+    from clipcache.flows.evaluate import evaluate
 
     results = evaluate(params)
     return [{"dataset": r.dataset, "model": r.model, "task": r.task, "metrics": r.metrics, "status": r.status}
@@ -39,6 +39,6 @@ def run_task(task_cfg: dict[str, Any] | str) -> list[dict[str, Any]]:
 
 def connect(output_dir: str = "outputs"):
     """A DuckDB connection whose views ``metrics`` and ``runs`` are the results under ``output_dir``."""
-    from storage.warehouse import connect as _connect
+    from clipcache.storage.warehouse import connect as _connect
 
     return _connect(output_dir)

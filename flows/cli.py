@@ -75,7 +75,7 @@ def _eval_parser(sub: argparse._SubParsersAction, command: str = "eval") -> None
 
 
 def _models_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from storage.errors import ConfigError
+    from clipcache.storage.errors import ConfigError
 
     pretrained = args.pretrained or [None]
     if len(pretrained) not in (1, len(args.model)):
@@ -87,7 +87,7 @@ def _models_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from flows.params import EvaluateParams, validate
+    from clipcache.flows.params import EvaluateParams, validate
 
     params = validate(EvaluateParams, {
         "models": _models_from_args(args), "datasets": args.dataset, "dataset_root": args.dataset_root,
@@ -104,12 +104,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from flows.convert_params import ConvertParams
-    from flows.evalscope import parse_task_config
+    from clipcache.flows.convert_params import ConvertParams
+    from clipcache.flows.evalscope import parse_task_config
 
     params = parse_task_config(args.config)
     if isinstance(params, ConvertParams):
-        from flows.convert import convert
+        from clipcache.flows.convert import convert
 
         for result in convert(params):
             m = result.get("metrics", {})
@@ -122,15 +122,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from flows.deployments import serve_deployments
+    from clipcache.flows.deployments import serve_deployments
 
     serve_deployments(args.prefect_file, args.deployment, args.limit)
     return 0
 
 
 def _run(params, cached_only: bool = False) -> int:
-    from flows.console import print_results
-    from flows.evaluate import evaluate, rescore
+    from clipcache.flows.console import print_results
+    from clipcache.flows.evaluate import evaluate, rescore
 
     results = (rescore if cached_only else evaluate)(params)
     print_results(out, results, params.output_dir)
@@ -154,9 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(serve, "deployment", nargs="+", default=None, help="serve only these deployments")
     _flag(serve, "limit", type=int, default=None, help="at most this many concurrent flow runs")
     serve.set_defaults(handler=_cmd_serve)
-    from flows.cli_cache import add_cache_parser
-    from flows.cli_catalog import add_catalog_parsers
-    from flows.cli_query import add_query_parser, add_report_parser, add_results_parser
+    from clipcache.flows.cli_cache import add_cache_parser
+    from clipcache.flows.cli_catalog import add_catalog_parsers
+    from clipcache.flows.cli_query import add_query_parser, add_report_parser, add_results_parser
 
     add_cache_parser(sub)
     add_query_parser(sub)
@@ -168,10 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from flows import runtime
+    from clipcache.flows import runtime
 
     runtime.configure(verbose=args.verbose)
-    from storage.errors import ClipcacheError
+    from clipcache.storage.errors import ClipcacheError
 
     try:
         return args.handler(args)

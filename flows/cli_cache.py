@@ -38,7 +38,7 @@ def add_cache_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_cache_command(args: argparse.Namespace) -> int:
-    from storage.embedding_store import EmbeddingStore
+    from clipcache.storage.embedding_store import EmbeddingStore
 
     store = EmbeddingStore(args.cache_dir)
     out = Console(width=None if Console().is_terminal else 160)
@@ -46,7 +46,7 @@ def run_cache_command(args: argparse.Namespace) -> int:
 
 
 def _ls(store, args, out: Console) -> int:
-    from storage.cache_admin import list_entries
+    from clipcache.storage.cache_admin import list_entries
 
     infos = list_entries(store)
     if args.json:
@@ -92,17 +92,17 @@ def _verify(store, args, out: Console) -> int:
 
 
 def _gc(store, args, out: Console) -> int:
-    from storage.cache_admin import list_entries, parse_age, parse_size, select_garbage
+    from clipcache.storage.cache_admin import list_entries, parse_age, parse_size, select_garbage
 
     if not (args.older_than or args.max_size or args.pattern or args.partial):
-        from storage.errors import ConfigError
+        from clipcache.storage.errors import ConfigError
 
         raise ConfigError("cache gc: give --older_than, --max_size, --pattern and/or --partial")
     infos = list_entries(store, include_partial=False)
     chosen = select_garbage(infos, parse_age(args.older_than) if args.older_than else None,
                             parse_size(args.max_size) if args.max_size else None, args.pattern)
     if args.partial:
-        from storage.cache_admin import describe_partial
+        from clipcache.storage.cache_admin import describe_partial
 
         chosen += [describe_partial(store, k) for k in store.partial_keys()]
     freed = 0

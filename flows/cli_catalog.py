@@ -22,10 +22,10 @@ def add_catalog_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def catalog_rows(cache_dir: str, hub: str) -> list[dict]:
-    from flows.cli_cache import human_bytes
-    from storage.embedding_store import folder_bytes
-    from tasks.encode.datasets import DATASETS, REGISTERED_TASKS, catalog
-    from tasks.encode.datasets.download import HubDataset, repo_name
+    from clipcache.flows.cli_cache import human_bytes
+    from clipcache.storage.embedding_store import folder_bytes
+    from clipcache.tasks.datasets import DATASETS, REGISTERED_TASKS, catalog
+    from clipcache.tasks.datasets.download import HubDataset, repo_name
 
     rows = []
     for name in DATASETS.names():
@@ -41,8 +41,8 @@ def catalog_rows(cache_dir: str, hub: str) -> list[dict]:
 
 
 def markdown_table() -> str:
-    from tasks.encode.datasets import catalog
-    from tasks.encode.datasets.download import repo_name
+    from clipcache.tasks.datasets import catalog
+    from clipcache.tasks.datasets.download import repo_name
 
     lines = ["| name | task | Hugging Face / ModelScope repository |", "|---|---|---|"]
     for name, row in sorted(catalog().items()):
@@ -67,9 +67,9 @@ def run_datasets(args: argparse.Namespace) -> int:
 def run_models(args: argparse.Namespace) -> int:
     import open_clip
 
-    from tasks.encode.models.resolve import BUNDLED
+    from clipcache.tasks.models.resolve import BUNDLED
 
-    presets = json.loads((Path(__file__).resolve().parents[1] / "tasks" / "encode" / "models" /
+    presets = json.loads((Path(__file__).resolve().parents[1] / "tasks" / "models" /
                           "presets.json").read_text())
     rows = [("bundled", name, "", "open_clip local-dir") for name in BUNDLED]
     rows += [("open_clip", arch, tag, "--model ARCH --pretrained TAG") for arch, tag in open_clip.list_pretrained()]

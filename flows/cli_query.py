@@ -36,8 +36,8 @@ def _jsonable(value: Any) -> Any:
 def run_query(args: argparse.Namespace) -> int:
     import duckdb
 
-    from storage.errors import ConfigError, ResultsError
-    from storage.warehouse import connect
+    from clipcache.storage.errors import ConfigError, ResultsError
+    from clipcache.storage.warehouse import connect
 
     con = connect(args.output_dir)
     try:
@@ -89,8 +89,8 @@ def add_results_parser(sub: argparse._SubParsersAction) -> None:
 def run_results(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from storage.compaction import TABLES, compact
-    from storage.errors import ResultsError
+    from clipcache.storage.compaction import TABLES, compact
+    from clipcache.storage.errors import ResultsError
 
     out = Console()
     for table in TABLES:
@@ -113,8 +113,8 @@ def add_report_parser(sub: argparse._SubParsersAction) -> None:
 def run_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from flows.params import validate
-    from flows.report import ReportParams, report
+    from clipcache.flows.params import validate
+    from clipcache.flows.report import ReportParams, report
 
     path = report(validate(ReportParams, {"output_dir": args.output_dir, "report_path": args.out}))
     Console().print(f"report: {path}", highlight=False)

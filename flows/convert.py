@@ -10,22 +10,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flows import runtime
+from clipcache.flows import runtime
 
 runtime.configure()
 
 from prefect import flow, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from flows.artifacts import publish_conversion  # noqa: E402
-from flows.convert_params import ConvertParams  # noqa: E402
-from storage.caption_cache import CaptionCache  # noqa: E402
-from storage.results import write_json  # noqa: E402
-from tasks import prefect_tasks as t  # noqa: E402
-from tasks.convert.beir import write_beir  # noqa: E402
-from tasks.convert.captioner import CaptionSettings, caption_images  # noqa: E402
-from tasks.progress import StageProgress  # noqa: E402
-from tasks.results import dataset_slug  # noqa: E402
+from clipcache.flows.artifacts import publish_conversion  # noqa: E402
+from clipcache.flows.convert_params import ConvertParams  # noqa: E402
+from clipcache.storage.caption_cache import CaptionCache  # noqa: E402
+from clipcache.storage.results import write_json  # noqa: E402
+from clipcache.tasks import prefect_tasks as t  # noqa: E402
+from clipcache.tasks.convert.beir import write_beir  # noqa: E402
+from clipcache.tasks.convert.captioner import CaptionSettings, caption_images  # noqa: E402
+from clipcache.tasks.progress import StageProgress  # noqa: E402
+from clipcache.tasks.results import dataset_slug  # noqa: E402
 
 
 @task(name="caption", cache_policy=NO_CACHE)

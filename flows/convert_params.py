@@ -16,7 +16,7 @@ from pydantic import (
     field_validator,
 )
 
-from storage.errors import ConfigError
+from clipcache.storage.errors import ConfigError
 
 
 class CaptionModelSpec(BaseModel):
@@ -65,6 +65,6 @@ class ConvertParams(BaseModel):
     @field_validator("output_dir", "cache_dir")
     @classmethod
     def _local(cls, value: str) -> str:
-        from flows.params import local_folder
+        from clipcache.flows.params import local_folder
 
         return local_folder(value)

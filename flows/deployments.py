@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flows import runtime
+from clipcache.flows import runtime
 
 runtime.configure()
 
@@ -25,10 +25,10 @@ import yaml  # noqa: E402
 from prefect import flow  # noqa: E402
 from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
 
-from flows.evalscope import load_task_config, to_evaluate_params  # noqa: E402
-from flows.evaluate import PairResult, run_pairs  # noqa: E402
-from flows.params import EvaluateParams, validate  # noqa: E402
-from storage.errors import ConfigError  # noqa: E402
+from clipcache.flows.evalscope import load_task_config, to_evaluate_params  # noqa: E402
+from clipcache.flows.evaluate import PairResult, run_pairs  # noqa: E402
+from clipcache.flows.params import EvaluateParams, validate  # noqa: E402
+from clipcache.storage.errors import ConfigError  # noqa: E402
 
 DEFAULT_PREFECT_FILE = "prefect.yaml"
 

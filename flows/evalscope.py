@@ -13,10 +13,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from flows.convert_params import CaptionModelSpec, ConvertParams
-from flows.params import EvaluateParams, TaskChoice, validate
-from storage.errors import ConfigError
-from tasks.encode.models.spec import ModelType
+from clipcache.flows.convert_params import CaptionModelSpec, ConvertParams
+from clipcache.flows.params import EvaluateParams, TaskChoice, validate
+from clipcache.storage.errors import ConfigError
+from clipcache.tasks.models.spec import ModelType
 
 
 class EvalscopeModel(BaseModel):

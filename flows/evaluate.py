@@ -14,27 +14,27 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from flows import runtime
+from clipcache.flows import runtime
 
 runtime.configure()
 
 from prefect import flow  # noqa: E402
 
-from flows.artifacts import publish_evaluation  # noqa: E402
-from flows.params import EvaluateParams  # noqa: E402
-from flows.scaleout import ShardedEncoder, open_task_runner  # noqa: E402
-from storage.embedding_store import EmbeddingStore  # noqa: E402
-from storage.errors import ClipcacheError  # noqa: E402
-from storage.hashing import FileHashMemo  # noqa: E402
-from storage.paths import local_dir  # noqa: E402
-from storage.results import new_run_id, write_run_row  # noqa: E402
-from tasks import prefect_tasks as t  # noqa: E402
-from tasks.encode.datasets.languages import localize  # noqa: E402
-from tasks.encode.sharded import DatasetSource  # noqa: E402
-from tasks.encode.stage import caption_key_fields, image_key_fields  # noqa: E402
-from tasks.evaluation import CacheMissError, EncodeOptions  # noqa: E402
-from tasks.progress import StageProgress  # noqa: E402
-from tasks.results import PairContext, clipcache_version, evalscope_result_path  # noqa: E402
+from clipcache.flows.artifacts import publish_evaluation  # noqa: E402
+from clipcache.flows.params import EvaluateParams  # noqa: E402
+from clipcache.flows.scaleout import ShardedEncoder, open_task_runner  # noqa: E402
+from clipcache.storage.embedding_store import EmbeddingStore  # noqa: E402
+from clipcache.storage.errors import ClipcacheError  # noqa: E402
+from clipcache.storage.hashing import FileHashMemo  # noqa: E402
+from clipcache.storage.paths import local_dir  # noqa: E402
+from clipcache.storage.results import new_run_id, write_run_row  # noqa: E402
+from clipcache.tasks import prefect_tasks as t  # noqa: E402
+from clipcache.tasks.datasets.languages import localize  # noqa: E402
+from clipcache.tasks.encode.sharded import DatasetSource  # noqa: E402
+from clipcache.tasks.encode.stage import caption_key_fields, image_key_fields  # noqa: E402
+from clipcache.tasks.evaluation import CacheMissError, EncodeOptions  # noqa: E402
+from clipcache.tasks.progress import StageProgress  # noqa: E402
+from clipcache.tasks.results import PairContext, clipcache_version, evalscope_result_path  # noqa: E402
 
 
 @dataclass
@@ -170,8 +170,8 @@ def _encode_sharded(encoder: ShardedEncoder, params, session, dataset, name, tas
 
 def _text_retrieval_pair(params, spec, session, name, store, memo, progress, run_id, created_at) -> PairResult:
     """A BEIR folder (``dataset_root``, a template with {dataset} allowed) searched with a text model."""
-    from tasks.encode.datasets import format_root
-    from tasks.text_retrieval import encode_beir, open_beir, score_beir
+    from clipcache.tasks.datasets import format_root
+    from clipcache.tasks.text_retrieval import encode_beir, open_beir, score_beir
 
     task = "text_retrieval"
     existing = evalscope_result_path(params.output_dir, spec, name, task)

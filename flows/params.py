@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
-from storage.errors import ConfigError
-from tasks.encode.models.spec import ModelSpec
+from clipcache.storage.errors import ConfigError
+from clipcache.tasks.models.spec import ModelSpec
 
 TaskChoice = Literal["auto", "zeroshot_classification", "zeroshot_retrieval", "text_retrieval"]
 
@@ -77,7 +77,7 @@ class EvaluateParams(BaseModel):
 
 def local_folder(value: str) -> str:
     """For the flows that write through local-only tools (dbt, BEIR files): reject fsspec URLs by name."""
-    from storage.paths import is_url
+    from clipcache.storage.paths import is_url
 
     if is_url(value):
         raise ValueError(f"must be a local folder ({value!r} is a URL; URLs work for eval, rescore and query)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flows import runtime
+from clipcache.flows import runtime
 
 runtime.configure()
 
@@ -12,10 +12,10 @@ from prefect import flow, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 from pydantic import BaseModel, ConfigDict, field_validator  # noqa: E402
 
-from flows.artifacts import publish_report  # noqa: E402
-from flows.params import local_folder  # noqa: E402
-from tasks.report.dbt_build import dbt_build  # noqa: E402
-from tasks.report.html import render_report  # noqa: E402
+from clipcache.flows.artifacts import publish_report  # noqa: E402
+from clipcache.flows.params import local_folder  # noqa: E402
+from clipcache.tasks.report.dbt_build import dbt_build  # noqa: E402
+from clipcache.tasks.report.html import render_report  # noqa: E402
 
 
 class ReportParams(BaseModel):

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from storage.embedding_store import EmbeddingStore, entry_key
-from storage.errors import ClipcacheError
-from tasks import prefect_tasks as t
-from tasks.encode.datasets.base import EvalDataset
-from tasks.encode.sharded import (
+from clipcache.storage.embedding_store import EmbeddingStore, entry_key
+from clipcache.storage.errors import ClipcacheError
+from clipcache.tasks import prefect_tasks as t
+from clipcache.tasks.datasets.base import EvalDataset
+from clipcache.tasks.encode.sharded import (
     DatasetSource,
     ShardJob,
     WorkerModel,
@@ -33,8 +33,8 @@ from tasks.encode.sharded import (
     prepare_entry,
     publish_sharded,
 )
-from tasks.encode.stage import EncodeOutcome, ModelSession
-from tasks.progress import StageProgress
+from clipcache.tasks.encode.stage import EncodeOutcome, ModelSession
+from clipcache.tasks.progress import StageProgress
 
 
 def default_workers() -> int:

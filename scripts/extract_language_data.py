@@ -1,4 +1,4 @@
-"""Write tasks/encode/datasets/prompts/imagenet1k.json: ImageNet-1k class names and zero-shot templates per language.
+"""Write tasks/datasets/prompts/imagenet1k.json: ImageNet-1k class names and zero-shot templates per language.
 
     .venv/bin/python scripts/extract_language_data.py
 
@@ -28,7 +28,7 @@ def main() -> None:
             encoding="utf-8"))["imagenet1k"]
         assert len(names) == 1000 and all("{c}" in t for t in templates), lang
         out[lang] = {"classnames": names, "templates": templates}
-    target = Path(__file__).resolve().parents[1] / "tasks" / "encode" / "datasets" / "prompts" / "imagenet1k.json"
+    target = Path(__file__).resolve().parents[1] / "tasks" / "datasets" / "prompts" / "imagenet1k.json"
     target.write_text(json.dumps(out, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {target} ({target.stat().st_size:,} bytes)")
 

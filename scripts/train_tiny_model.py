@@ -1,6 +1,6 @@
 """Train the bundled tiny CLIP on the synthetic shapes ``train`` split (run once; the checkpoint is committed).
 
-    .venv/bin/python scripts/train_tiny_model.py [--steps 3000] [--out tasks/encode/models/assets/tiny-shapes-clip]
+    .venv/bin/python scripts/train_tiny_model.py [--steps 3000] [--out tasks/models/assets/tiny-shapes-clip]
 
 The model is a standard open_clip ``CLIP`` (vocabulary 49408, so open_clip's bundled tokenizer works unchanged) saved as
 an open_clip ``local-dir:`` folder: ``open_clip_config.json`` + ``open_clip_model.safetensors`` (fp16, a few MB).
@@ -22,7 +22,7 @@ import open_clip
 import torch
 from safetensors.torch import save_file
 
-from tasks.encode.datasets import shapes
+from clipcache.tasks.datasets import shapes
 
 CONFIG = {
     "model_cfg": {
@@ -103,7 +103,7 @@ def train(out: Path, minutes: float, steps: int | None, batch_size: int, pool_si
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("tasks/encode/models/assets/tiny-shapes-clip"))
+    parser.add_argument("--out", type=Path, default=Path("tasks/models/assets/tiny-shapes-clip"))
     parser.add_argument("--steps", type=int, default=3000, help="optimizer steps (the learning rate follows them)")
     parser.add_argument("--minutes", type=float, default=None, help="train for this long instead of --steps")
     parser.add_argument("--batch_size", type=int, default=128)

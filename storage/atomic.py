@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from storage.paths import is_remote, write_via_temp
+from clipcache.storage.paths import is_remote, write_via_temp
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:

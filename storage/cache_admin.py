@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from storage.embedding_store import EmbeddingStore, folder_bytes
-from storage.errors import ConfigError
-from storage.paths import as_path
+from clipcache.storage.embedding_store import EmbeddingStore, folder_bytes
+from clipcache.storage.errors import ConfigError
+from clipcache.storage.paths import as_path
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*$", re.I)
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.I)

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from storage.hashing import digest
+from clipcache.storage.hashing import digest
 
 
 class CaptionCache:

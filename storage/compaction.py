@@ -16,8 +16,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.atomic import atomic_write
-from storage.results import METRIC_SCHEMA, RUN_SCHEMA, SOURCE_COLUMN, physical_schema, warehouse_dir
+from clipcache.storage.atomic import atomic_write
+from clipcache.storage.results import METRIC_SCHEMA, RUN_SCHEMA, SOURCE_COLUMN, physical_schema, warehouse_dir
 
 TABLES = {"metrics": METRIC_SCHEMA, "runs": RUN_SCHEMA}
 
@@ -45,7 +45,7 @@ def covered_files(folder: Path) -> set[str]:
 
 def table_checksum(output_dir: str | Path, table: str) -> tuple[int, str]:
     """(row count, order-independent checksum of every row) as queries see the table."""
-    from storage.warehouse import connect
+    from clipcache.storage.warehouse import connect
 
     con = connect(output_dir)
     columns = ", ".join(TABLES[table].names)

@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 import zarr
 
-from storage.atomic import atomic_write_json
-from storage.errors import CacheIntegrityError
-from storage.hashing import canonical_json, digest
-from storage.paths import AnyPath, as_path, is_remote, lock, rmtree, tree_bytes, url
+from clipcache.storage.atomic import atomic_write_json
+from clipcache.storage.errors import CacheIntegrityError
+from clipcache.storage.hashing import canonical_json, digest
+from clipcache.storage.paths import AnyPath, as_path, is_remote, lock, rmtree, tree_bytes, url
 
 CHUNK_ROWS = 4096
 USAGE_DIR = "usage"  # usage/<key>: empty marker file whose mtime is the last read of the entry

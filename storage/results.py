@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.atomic import atomic_write, atomic_write_json
-from storage.paths import AnyPath, as_path
+from clipcache.storage.atomic import atomic_write, atomic_write_json
+from clipcache.storage.paths import AnyPath, as_path
 
 # Bump when a column changes meaning or is removed; adding a nullable column at the end does not need a bump.
 SCHEMA_VERSION = 1

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from storage.embedding_store import EmbeddingStore
+from clipcache.storage.embedding_store import EmbeddingStore
 
 
 def text_sha256(texts: list[str]) -> np.ndarray:

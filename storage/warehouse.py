@@ -12,13 +12,13 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from storage.paths import AnyPath, is_remote, url
-from storage.results import METRIC_SCHEMA, RUN_SCHEMA, warehouse_dir
+from clipcache.storage.paths import AnyPath, is_remote, url
+from clipcache.storage.results import METRIC_SCHEMA, RUN_SCHEMA, warehouse_dir
 
 
 def visible_files(folder: AnyPath) -> list[AnyPath]:
     """Published result files whose rows are not already in a compacted file."""
-    from storage.compaction import covered_files
+    from clipcache.storage.compaction import covered_files
 
     if not folder.exists():
         return []

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from storage.embedding_store import EmbeddingStore, entry_key
-from storage.errors import ClipcacheError, DatasetError
-from storage.hashing import FileHashMemo
-from tasks.encode.datasets.base import EvalDataset, Task
-from tasks.encode.stage import (
+from clipcache.storage.embedding_store import EmbeddingStore, entry_key
+from clipcache.storage.errors import ClipcacheError, DatasetError
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.datasets.base import EvalDataset, Task
+from clipcache.tasks.encode.stage import (
     EncodeOutcome,
     ModelSession,
     PromptOutcome,
@@ -21,8 +21,8 @@ from tasks.encode.stage import (
     encode_texts,
     image_key_fields,
 )
-from tasks.progress import StageProgress
-from tasks.score.stage import score_classification, score_retrieval
+from clipcache.tasks.progress import StageProgress
+from clipcache.tasks.score.stage import score_classification, score_retrieval
 
 
 class CacheMissError(ClipcacheError):

@@ -9,8 +9,8 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks import evaluation, results
-from tasks.encode import sharded
+from clipcache.tasks import evaluation, results
+from clipcache.tasks.encode import sharded
 
 select_task = task(evaluation.select_task, name="select-task", cache_policy=NO_CACHE)
 encode = task(evaluation.encode_dataset, name="encode", cache_policy=NO_CACHE)
@@ -25,16 +25,16 @@ probe_dim = task(sharded.probe_dim, name="probe-model", cache_policy=NO_CACHE)
 @task(name="open-dataset", cache_policy=NO_CACHE)
 def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | None, hub: str = "huggingface",
                  cache_dir: str | None = None, offline: bool = False, progress=None):
-    from tasks.encode.datasets import open_dataset as _open
+    from clipcache.tasks.datasets import open_dataset as _open
 
     return _open(name, dataset_root, split, limit, hub, cache_dir, offline, progress)
 
 
 @task(name="prepare-model", cache_policy=NO_CACHE)
 def prepare_model(spec, memo, device: str, amp: bool, model_cache_dir: str | None):
-    from tasks.encode.models.devices import precision_name, resolve_device
-    from tasks.encode.models.resolve import resolve_model
-    from tasks.encode.stage import ModelSession
+    from clipcache.tasks.encode.stage import ModelSession
+    from clipcache.tasks.models.devices import precision_name, resolve_device
+    from clipcache.tasks.models.resolve import resolve_model
 
     resolved = resolve_model(spec, memo, model_cache_dir)
     memo.save()

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from storage.errors import ConfigError
-from storage.paths import as_path
-from storage.results import json_safe_metrics, write_json, write_metric_rows
-from tasks.encode.models.spec import ModelSpec
-from tasks.score.metrics import split_metric_name
+from clipcache.storage.errors import ConfigError
+from clipcache.storage.paths import as_path
+from clipcache.storage.results import json_safe_metrics, write_json, write_metric_rows
+from clipcache.tasks.models.spec import ModelSpec
+from clipcache.tasks.score.metrics import split_metric_name
 
 
 def clipcache_version() -> str:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from storage.embedding_store import EmbeddingStore
-from storage.errors import DatasetError
-from storage.hashing import FileHashMemo
-from tasks.convert.beir import read_beir
-from tasks.encode.stage import EncodeOutcome, ModelSession, encode_texts
-from tasks.progress import StageProgress
-from tasks.score.text_retrieval import text_retrieval_metrics
+from clipcache.storage.embedding_store import EmbeddingStore
+from clipcache.storage.errors import DatasetError
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.convert.beir import read_beir
+from clipcache.tasks.encode.stage import EncodeOutcome, ModelSession, encode_texts
+from clipcache.tasks.progress import StageProgress
+from clipcache.tasks.score.text_retrieval import text_retrieval_metrics
 
 
 @dataclass

@@ -23,7 +23,7 @@ os.environ["DO_NOT_TRACK"] = "1"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "CRITICAL")
 
 REPO = Path(__file__).resolve().parent.parent
-TINY_MODEL = REPO / "tasks" / "encode" / "models" / "assets" / "tiny-shapes-clip"
+TINY_MODEL = REPO / "tasks" / "models" / "assets" / "tiny-shapes-clip"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -59,7 +59,7 @@ def write_wds(root: Path, kind: str, n: int, shards: int = 2, split: str = "test
     """
     import webdataset as wds
 
-    from tasks.encode.datasets import shapes
+    from clipcache.tasks.datasets import shapes
 
     retrieval = kind == "retrieval"
     ds = shapes.load_shapes("fixture", "zeroshot_retrieval" if retrieval else "zeroshot_classification", "test", n)
@@ -109,7 +109,7 @@ def replace_tar_member(shard: Path, member: str, data: bytes) -> None:
 
 def write_image_queries(root: Path, n: int = 12, relative_to: str = "file") -> Path:
     """evalscope's custom retrieval layout: images on disk + image_queries.jsonl."""
-    from tasks.encode.datasets import shapes
+    from clipcache.tasks.datasets import shapes
 
     ds = shapes.load_shapes("fixture", "zeroshot_retrieval", "test", n)
     images = root / "images"

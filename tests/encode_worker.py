@@ -14,13 +14,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main() -> None:
     import torch
 
-    from storage.embedding_store import EmbeddingStore
-    from storage.hashing import FileHashMemo
-    from tasks.encode.datasets.shapes import load_shapes
-    from tasks.encode.models.resolve import resolve_model
-    from tasks.encode.models.spec import ModelSpec
-    from tasks.encode.stage import ModelSession, encode_images, image_key_fields
-    from tasks.progress import StageProgress
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.datasets.shapes import load_shapes
+    from clipcache.tasks.encode.stage import ModelSession, encode_images, image_key_fields
+    from clipcache.tasks.models.resolve import resolve_model
+    from clipcache.tasks.models.spec import ModelSpec
+    from clipcache.tasks.progress import StageProgress
 
     cache, n, batch_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     memo = FileHashMemo(None)

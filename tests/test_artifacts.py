@@ -14,8 +14,8 @@ def read_artifacts(key: str) -> list:
 
 
 def test_evaluate_publishes_a_metrics_table_and_a_summary(prefect_server, tmp_path):
-    from flows.evaluate import evaluate
-    from flows.params import EvaluateParams
+    from clipcache.flows.evaluate import evaluate
+    from clipcache.flows.params import EvaluateParams
 
     [result] = evaluate(EvaluateParams(models=[{"model_name": "tiny-shapes-clip"}], datasets=["shapes"], limit=20,
                                        output_dir=str(tmp_path / "o"), cache_dir=str(tmp_path / "c"), verbose=False))

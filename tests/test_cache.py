@@ -14,18 +14,18 @@ import numpy as np
 import pytest
 import torch
 
-from flows.cli import main
-from flows.evaluate import evaluate, rescore
-from flows.params import EvaluateParams
-from storage.embedding_store import CHUNK_ROWS, EmbeddingStore, entry_key
-from storage.errors import CacheIntegrityError, ClipcacheError
-from storage.hashing import FileHashMemo
-from storage.text_pool import TextPool
-from tasks.encode.datasets.shapes import CLASSNAMES
-from tasks.encode.models.resolve import resolve_model
-from tasks.encode.models.spec import ModelSpec
-from tasks.encode.stage import ModelSession, encode_prompts, image_key_fields
-from tasks.progress import StageProgress
+from clipcache.flows.cli import main
+from clipcache.flows.evaluate import evaluate, rescore
+from clipcache.flows.params import EvaluateParams
+from clipcache.storage.embedding_store import CHUNK_ROWS, EmbeddingStore, entry_key
+from clipcache.storage.errors import CacheIntegrityError, ClipcacheError
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.storage.text_pool import TextPool
+from clipcache.tasks.datasets.shapes import CLASSNAMES
+from clipcache.tasks.encode.stage import ModelSession, encode_prompts, image_key_fields
+from clipcache.tasks.models.resolve import resolve_model
+from clipcache.tasks.models.spec import ModelSpec
+from clipcache.tasks.progress import StageProgress
 
 from conftest import write_wds
 
@@ -49,8 +49,8 @@ def test_rescore_never_loads_a_model_or_decodes_an_image(prefect_server, tmp_pat
     def forbidden(*args, **kwargs):
         raise AssertionError("rescore must not load a model or decode an image")
 
-    monkeypatch.setattr("tasks.encode.stage.load_model", forbidden)
-    monkeypatch.setattr("tasks.encode.datasets.base.EvalDataset.load_image", forbidden)
+    monkeypatch.setattr("clipcache.tasks.encode.stage.load_model", forbidden)
+    monkeypatch.setattr("clipcache.tasks.datasets.base.EvalDataset.load_image", forbidden)
     again = rescore(params(tmp_path, ["shapes", "shapes_retrieval"], limit=60))
     assert [r.metrics for r in again] == [r.metrics for r in first]
     assert all(r.cache_hit and not r.model_loaded for r in again)
@@ -131,7 +131,7 @@ def test_every_key_field_changes_the_image_key(tmp_path, tiny_model_dir):
     # the role is part of the key too: captions of the same dataset never collide with images
     s = ModelSession(resolve_model(ModelSpec(model_name=f"local-dir:{base_dir}"), memo), torch.device("cpu"), False,
                      "fp32")
-    from tasks.encode.stage import caption_key_fields
+    from clipcache.tasks.encode.stage import caption_key_fields
 
     assert entry_key(caption_key_fields(s, {"content": "x"}, "test", None)) != base
 
@@ -234,14 +234,14 @@ def test_rescore_with_a_new_template_set_encodes_only_new_prompts(prefect_server
     def no_decoding(*args, **kwargs):
         raise AssertionError("rescore must not decode an image")
 
-    monkeypatch.setattr("tasks.encode.datasets.base.EvalDataset.load_image", no_decoding)
+    monkeypatch.setattr("clipcache.tasks.datasets.base.EvalDataset.load_image", no_decoding)
     store = EmbeddingStore(tmp_path / "cache")
     before = set(store.keys())
     again = rescore(params(tmp_path, ["wds/d"], dataset_root=str(root), templates=str(templates)))[0]
     added = [store.open(k) for k in set(store.keys()) - before]
     assert [e.attrs["kind"] for e in added] == ["prompt"] and added[0].count == 30  # only "a tiny {c}..." x 30
     assert again.model_loaded and not again.cache_hit
-    from storage.warehouse import connect
+    from clipcache.storage.warehouse import connect
 
     keys = connect(tmp_path / "out").sql("select distinct unnest(cache_keys) from metrics where run_id in "
                                          "(select run_id from metrics order by created_at desc limit 1)").fetchall()

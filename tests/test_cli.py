@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from flows.cli import main
-from storage.errors import ConfigError
+from clipcache.flows.cli import main
+from clipcache.storage.errors import ConfigError
 
 from conftest import REPO, replace_tar_member, write_image_queries, write_wds
 
@@ -61,8 +61,8 @@ def test_eval_writes_every_output_and_second_run_is_a_cache_hit(prefect_server, 
 
 
 def test_flow_reports_zero_model_loads_on_a_warm_cache(prefect_server, dirs):
-    from flows.evaluate import evaluate
-    from flows.params import EvaluateParams
+    from clipcache.flows.evaluate import evaluate
+    from clipcache.flows.params import EvaluateParams
 
     params = EvaluateParams(models=[{"model_name": "tiny-shapes-clip"}], datasets=["shapes"], limit=30,
                             output_dir=str(dirs["out"]), cache_dir=str(dirs["cache"]), verbose=False)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from hub_server import HubServer
 
-from storage.caption_cache import CaptionCache
-from storage.errors import VLMRequestError
+from clipcache.storage.caption_cache import CaptionCache
+from clipcache.storage.errors import VLMRequestError
 
 from conftest import REPO, write_image_queries, write_wds
 
@@ -74,8 +74,8 @@ def test_seed_config_runs_unchanged_and_beir_loads_it(prefect_server, vlm, muge_
 
 
 def convert(tmp_path, api_base, data_dir, **model):
-    from flows.convert import convert as convert_flow
-    from flows.convert_params import ConvertParams
+    from clipcache.flows.convert import convert as convert_flow
+    from clipcache.flows.convert_params import ConvertParams
 
     spec = {"model_name": "captioner", "api_base": api_base, "api_key": SECRET, "max_retries": 3, **model}
     params = ConvertParams(models=[spec], datasets=["custom"], dataset_root=str(data_dir), verbose=False,
@@ -163,7 +163,7 @@ def test_the_api_key_never_lands_anywhere(prefect_server, vlm, muge_hub, tmp_pat
 
 def test_missing_key_and_classification_dataset_are_clear_errors(prefect_server, vlm, tmp_path, monkeypatch):
     from clipcache import run_task
-    from storage.errors import ConfigError, DatasetError
+    from clipcache.storage.errors import ConfigError, DatasetError
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     cfg = seed_config(vlm.api_base, tmp_path)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from storage.errors import DatasetError
-from storage.hashing import FileHashMemo
-from tasks.encode.datasets import format_root, open_dataset
-from tasks.encode.datasets.shapes import CLASSNAMES, load_shapes
-from tasks.encode.stage import iter_image_batches
+from clipcache.storage.errors import DatasetError
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.datasets import format_root, open_dataset
+from clipcache.tasks.datasets.shapes import CLASSNAMES, load_shapes
+from clipcache.tasks.encode.stage import iter_image_batches
 
 from conftest import replace_tar_member, write_image_queries, write_wds
 
@@ -155,9 +155,9 @@ def test_empty_shards_and_all_bad_images_are_clear_errors(tmp_path):
 
     import torch as t
 
-    from storage.embedding_store import EmbeddingStore
-    from tasks.encode.stage import ModelSession, encode_images
-    from tasks.progress import StageProgress
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.tasks.encode.stage import ModelSession, encode_images
+    from clipcache.tasks.progress import StageProgress
 
     root = write_wds(tmp_path / "empty", "classification", 4, shards=1)
     with tf.open(root / "test" / "0.tar", "w"):
@@ -168,8 +168,8 @@ def test_empty_shards_and_all_bad_images_are_clear_errors(tmp_path):
 
     ds = load_shapes("x", "zeroshot_classification", "test", 3)
     ds.read_image_bytes = lambda i: b"not an image"  # every image fails to decode
-    from tasks.encode.models.resolve import resolve_model
-    from tasks.encode.models.spec import ModelSpec
+    from clipcache.tasks.models.resolve import resolve_model
+    from clipcache.tasks.models.spec import ModelSpec
 
     session = ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), FileHashMemo(None)),
                            t.device("cpu"), False, "fp32")

@@ -93,14 +93,14 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _metric_rows(out: Path) -> dict[str, int]:
-    from storage.warehouse import connect
+    from clipcache.storage.warehouse import connect
 
     con = connect(out)
     return dict(con.sql("SELECT dataset, count(*) FROM metrics GROUP BY dataset").fetchall())
 
 
 def test_repo_prefect_yaml_declares_the_three_deployments():
-    from flows.deployments import runner_deployments
+    from clipcache.flows.deployments import runner_deployments
 
     deployments = {d.name: d for d in runner_deployments(REPO / "prefect.yaml")}
     assert sorted(deployments) == ["convert", "nightly-evaluate", "report"]
@@ -113,8 +113,8 @@ def test_repo_prefect_yaml_declares_the_three_deployments():
 
 
 def test_suite_errors_name_the_file_and_field(tmp_path):
-    from flows.deployments import load_suite
-    from storage.errors import ConfigError
+    from clipcache.flows.deployments import load_suite
+    from clipcache.storage.errors import ConfigError
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("models: [{model_name: m}]\ndatasets: [shapes]\nbatch_sise: 3\n")
@@ -200,7 +200,7 @@ def test_clipcache_serve_turns_a_cron_schedule_into_runs(prefect_api, tmp_path):
 def test_serve_without_a_server_says_what_to_start(capsys):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.cli import main
+    from clipcache.flows.cli import main
 
     with temporary_settings(updates={PREFECT_API_URL: None}):
         assert main(["serve", "--prefect_file", str(REPO / "prefect.yaml")]) == 2

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from hub_server import HubServer
 
-from storage.errors import DatasetError
-from tasks.encode.datasets import catalog, open_dataset
-from tasks.encode.datasets.download import HubDataset, fetch_dataset, repo_name
+from clipcache.storage.errors import DatasetError
+from clipcache.tasks.datasets import catalog, open_dataset
+from clipcache.tasks.datasets.download import HubDataset, fetch_dataset, repo_name
 
 from conftest import write_wds
 
@@ -90,7 +90,7 @@ def test_every_catalog_name_has_a_task_and_hub_urls(name, monkeypatch):
 
 
 def test_eval_downloads_a_catalog_dataset_by_name(prefect_server, hub, tmp_path, capsys):
-    from flows.cli import main
+    from clipcache.flows.cli import main
 
     args = ["eval", "--model", "tiny-shapes-clip", "--dataset", "vtab_cifar10", "--limit", "20", "--quiet",
             "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]
@@ -100,7 +100,7 @@ def test_eval_downloads_a_catalog_dataset_by_name(prefect_server, hub, tmp_path,
 
 
 def test_datasets_and_models_commands(hub, tmp_path, capsys):
-    from flows.cli import main
+    from clipcache.flows.cli import main
 
     fetch_dataset("vtab_cifar10", "test", "huggingface", tmp_path / "cache")
     assert main(["datasets", "--cache_dir", str(tmp_path / "cache")]) == 0
@@ -112,7 +112,7 @@ def test_datasets_and_models_commands(hub, tmp_path, capsys):
 
 
 def test_readme_catalog_table_is_generated_from_the_catalog():
-    from flows.cli_catalog import markdown_table
+    from clipcache.flows.cli_catalog import markdown_table
 
     from conftest import REPO
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import zarr
 
-from storage.embedding_store import CHUNK_ROWS, AuxSpec, EmbeddingStore, entry_key
-from storage.errors import CacheIntegrityError
+from clipcache.storage.embedding_store import CHUNK_ROWS, AuxSpec, EmbeddingStore, entry_key
+from clipcache.storage.errors import CacheIntegrityError
 
 FIELDS = {"role": "image", "model": {"name": "m"}, "dataset": {"content": "abc"}, "split": "test", "limit": None}
 

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from storage.errors import DatasetError
-from tasks.encode.datasets import open_dataset
-from tasks.encode.datasets.shapes import load_shapes
+from clipcache.storage.errors import DatasetError
+from clipcache.tasks.datasets import open_dataset
+from clipcache.tasks.datasets.shapes import load_shapes
 
 
 @pytest.fixture

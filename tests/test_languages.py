@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from storage.errors import ConfigError
-from tasks.encode.datasets import open_dataset
-from tasks.encode.datasets.base import ClassPrompts
-from tasks.encode.datasets.languages import imagenet_prompts, languages, localize
+from clipcache.storage.errors import ConfigError
+from clipcache.tasks.datasets import open_dataset
+from clipcache.tasks.datasets.base import ClassPrompts
+from clipcache.tasks.datasets.languages import imagenet_prompts, languages, localize
 
 from conftest import write_wds
 
@@ -37,8 +37,8 @@ def test_other_datasets_name_their_languages():
 
 def test_language_on_a_webdataset_source_end_to_end(prefect_server, tmp_path):
     """clip_benchmark ignores --language for wds sources; here the Chinese names and templates are used."""
-    from flows.evaluate import evaluate
-    from flows.params import EvaluateParams
+    from clipcache.flows.evaluate import evaluate
+    from clipcache.flows.params import EvaluateParams
 
     root = write_wds(tmp_path / "imagenet-a", "classification", 12, shards=1, n_classes=6)
     names = imagenet_prompts()["en"]["classnames"]

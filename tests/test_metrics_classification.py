@@ -11,7 +11,7 @@ import torch
 from clip_benchmark.metrics import zeroshot_classification as cb
 from sklearn.metrics import balanced_accuracy_score
 
-from tasks.score.classification import (
+from clipcache.tasks.score.classification import (
     accuracy_at_k,
     average_precision_per_class,
     classification_metrics,

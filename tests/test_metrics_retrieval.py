@@ -8,8 +8,8 @@ import pytest
 import torch
 from clip_benchmark.metrics.zeroshot_retrieval import recall_at_k as cb_recall_at_k
 
-from tasks.score.ranking import best_positive_rank, rank_of_positive_in_row
-from tasks.score.retrieval import retrieval_metrics, retrieval_ranks
+from clipcache.tasks.score.ranking import best_positive_rank, rank_of_positive_in_row
+from clipcache.tasks.score.retrieval import retrieval_metrics, retrieval_ranks
 
 
 def normed(rng, n, d=16):

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from storage.errors import ModelError
-from storage.hashing import FileHashMemo
-from tasks.encode.models.resolve import load_model, resolve_model
-from tasks.encode.models.spec import ModelSpec
+from clipcache.storage.errors import ModelError
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.models.resolve import load_model, resolve_model
+from clipcache.tasks.models.spec import ModelSpec
 
 from hf_fixtures import make_hf_model
 
@@ -29,7 +29,7 @@ def memo(tmp_path):
 
 
 def images(n=3):
-    from tasks.encode.datasets.shapes import load_shapes
+    from clipcache.tasks.datasets.shapes import load_shapes
 
     ds = load_shapes("x", "zeroshot_classification", "test", n)
     return [ds.load_image(i) for i in range(n)]

@@ -15,14 +15,14 @@ import torch
 from clip_benchmark.datasets.builder import build_dataset
 from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
 
-from storage.embedding_store import EmbeddingStore
-from storage.hashing import FileHashMemo
-from tasks.encode.datasets import open_dataset
-from tasks.encode.models.resolve import resolve_model
-from tasks.encode.models.spec import ModelSpec
-from tasks.encode.stage import ModelSession
-from tasks.evaluation import EncodeOptions, encode_dataset, score_dataset, select_task
-from tasks.progress import StageProgress
+from clipcache.storage.embedding_store import EmbeddingStore
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.datasets import open_dataset
+from clipcache.tasks.encode.stage import ModelSession
+from clipcache.tasks.evaluation import EncodeOptions, encode_dataset, score_dataset, select_task
+from clipcache.tasks.models.resolve import resolve_model
+from clipcache.tasks.models.spec import ModelSpec
+from clipcache.tasks.progress import StageProgress
 
 
 def clip_benchmark_metrics(model_dir, root, task, batch_size=16, recall_k=(1, 5, 10)):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from storage.errors import DatasetError
-from tasks.encode.datasets import DATASETS, catalog, check_name, open_dataset
-from tasks.encode.datasets.base import TASKS
-from tasks.registry import Registry
-from tasks.score.metrics import METRICS, flat_metric_name, split_metric_name
+from clipcache.storage.errors import DatasetError
+from clipcache.tasks.datasets import DATASETS, catalog, check_name, open_dataset
+from clipcache.tasks.datasets.base import TASKS
+from clipcache.tasks.registry import Registry
+from clipcache.tasks.score.metrics import METRICS, flat_metric_name, split_metric_name
 
 
 def test_registry_lazy_duplicates_and_suggestions():
@@ -31,7 +31,7 @@ def test_registry_lazy_duplicates_and_suggestions():
 
 @pytest.mark.parametrize("name", DATASETS.names())
 def test_every_registered_dataset_loader_imports_and_declares_its_task(name):
-    from tasks.encode.datasets import REGISTERED_TASKS
+    from clipcache.tasks.datasets import REGISTERED_TASKS
 
     assert callable(DATASETS.get(name)) and REGISTERED_TASKS[name] in TASKS
 

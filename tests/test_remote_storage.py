@@ -8,8 +8,8 @@ import uuid
 import numpy as np
 import pytest
 
-from storage.embedding_store import EmbeddingStore
-from storage.paths import as_path, is_remote, local_dir
+from clipcache.storage.embedding_store import EmbeddingStore
+from clipcache.storage.paths import as_path, is_remote, local_dir
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +92,8 @@ def test_evaluate_with_cache_and_results_on_s3(prefect_server, s3_endpoint, buck
     """The whole pipeline against S3: embeddings, evalscope JSON and Parquet go to the bucket, DuckDB queries them
     there, and a second run reads the cached embeddings back from S3 without loading the model."""
     import clipcache
-    from flows.evaluate import evaluate
-    from flows.params import EvaluateParams
+    from clipcache.flows.evaluate import evaluate
+    from clipcache.flows.params import EvaluateParams
 
     monkeypatch.setenv("CLIPCACHE_LOCAL_DIR", str(tmp_path / "local"))
     base = {"models": [{"model_name": "tiny-shapes-clip"}], "datasets": ["shapes", "shapes_retrieval"], "limit": 96,
@@ -123,7 +123,7 @@ def test_evaluate_with_cache_and_results_on_s3(prefect_server, s3_endpoint, buck
 
     store = EmbeddingStore(f"s3://{bucket}/cache")
     assert store.keys() and all(store.verify(k) == [] for k in store.keys())
-    from flows.cli import main
+    from clipcache.flows.cli import main
 
     capsys.readouterr()
     assert main(["cache", "--cache_dir", f"s3://{bucket}/cache", "ls"]) == 0
@@ -136,7 +136,7 @@ def test_evaluate_with_cache_and_results_on_s3(prefect_server, s3_endpoint, buck
 
 
 def test_local_only_commands_name_the_field_for_urls(capsys):
-    from flows.cli import main
+    from clipcache.flows.cli import main
 
     assert main(["report", "--output_dir", "s3://bucket/results"]) == 2
     err = capsys.readouterr().err

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from storage.embedding_store import EmbeddingStore
-from tasks.encode.sharded import plan_shards
+from clipcache.storage.embedding_store import EmbeddingStore
+from clipcache.tasks.encode.sharded import plan_shards
 
 
 @pytest.mark.parametrize("rows,batch,workers,shard_rows", [
@@ -51,8 +51,8 @@ BASE = {"models": [{"model_name": "tiny-shapes-clip"}], "datasets": ["shapes", "
 
 @pytest.fixture(scope="module")
 def single_process(tmp_path_factory, prefect_server):
-    from flows.evaluate import evaluate
-    from flows.params import EvaluateParams
+    from clipcache.flows.evaluate import evaluate
+    from clipcache.flows.params import EvaluateParams
 
     root = tmp_path_factory.mktemp("single")
     results = evaluate(EvaluateParams(**BASE, cache_dir=str(root / "cache"), output_dir=str(root / "out")))
@@ -60,8 +60,8 @@ def single_process(tmp_path_factory, prefect_server):
 
 
 def test_threads_runner_writes_the_single_process_entries(prefect_server, single_process, tmp_path):
-    from flows.evaluate import evaluate
-    from flows.params import EvaluateParams
+    from clipcache.flows.evaluate import evaluate
+    from clipcache.flows.params import EvaluateParams
 
     params = EvaluateParams(**BASE, cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "out"),
                             task_runner="threads", workers=2, shard_rows=48)
@@ -74,10 +74,10 @@ def test_threads_runner_writes_the_single_process_entries(prefect_server, single
 
 def test_interrupted_sharded_encode_redoes_only_missing_shards(prefect_server, single_process, tmp_path,
                                                                monkeypatch):
-    from flows.evaluate import evaluate
-    from flows.params import EvaluateParams
-    from storage.errors import ClipcacheError
-    from tasks.encode import sharded
+    from clipcache.flows.evaluate import evaluate
+    from clipcache.flows.params import EvaluateParams
+    from clipcache.storage.errors import ClipcacheError
+    from clipcache.tasks.encode import sharded
 
     params = EvaluateParams(**{**BASE, "datasets": ["shapes"]}, cache_dir=str(tmp_path / "cache"),
                             output_dir=str(tmp_path / "out"), task_runner="threads", workers=2, shard_rows=32)
@@ -91,7 +91,7 @@ def test_interrupted_sharded_encode_redoes_only_missing_shards(prefect_server, s
         return real(job)
 
     monkeypatch.setattr(sharded, "encode_shard", crash_on_fifth)
-    monkeypatch.setattr("tasks.prefect_tasks.encode_shard.fn", crash_on_fifth)
+    monkeypatch.setattr("clipcache.tasks.prefect_tasks.encode_shard.fn", crash_on_fifth)
     with pytest.raises(ClipcacheError, match="worker lost"):
         evaluate(params)
     store = EmbeddingStore(tmp_path / "cache")
@@ -99,7 +99,7 @@ def test_interrupted_sharded_encode_redoes_only_missing_shards(prefect_server, s
     done_before = set(calls) - {128}
 
     calls.clear()
-    monkeypatch.setattr("tasks.prefect_tasks.encode_shard.fn", lambda job: (calls.append(job.lo), real(job))[1])
+    monkeypatch.setattr("clipcache.tasks.prefect_tasks.encode_shard.fn", lambda job: (calls.append(job.lo), real(job))[1])
     result = evaluate(params)[0]
     assert result.resumed and 128 in calls
     assert not (set(calls) & done_before), "finished shards were encoded again"
@@ -113,8 +113,8 @@ def test_interrupted_sharded_encode_redoes_only_missing_shards(prefect_server, s
 @pytest.mark.slow
 def test_dask_local_cluster_with_two_workers_matches_single_process(prefect_server, single_process, tmp_path):
     """Two Dask worker processes (one torch thread each) against one process with the default threads."""
-    from flows.evaluate import evaluate
-    from flows.params import EvaluateParams
+    from clipcache.flows.evaluate import evaluate
+    from clipcache.flows.params import EvaluateParams
 
     params = EvaluateParams(**BASE, cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "out"),
                             task_runner="dask", workers=2, shard_rows=48)
@@ -124,8 +124,8 @@ def test_dask_local_cluster_with_two_workers_matches_single_process(prefect_serv
 
 
 def test_task_runner_values_are_checked():
-    from flows.params import EvaluateParams, validate
-    from storage.errors import ConfigError
+    from clipcache.flows.params import EvaluateParams, validate
+    from clipcache.storage.errors import ConfigError
 
     for good in ("none", "threads", "dask", "dask://10.0.0.5:8786", "tcp://sched:8786"):
         assert validate(EvaluateParams, {**BASE, "task_runner": good}).task_runner == good
@@ -137,9 +137,9 @@ def test_task_runner_values_are_checked():
 def test_sharded_skip_of_corrupt_images_equals_single_process(prefect_server, tmp_path, bad, batch_size):
     """Skipped rows leave a gap in their shard's region (or fill it); publishing closes it exactly as one process
     would."""
-    from flows.evaluate import evaluate
-    from flows.params import EvaluateParams
-    from storage.errors import DatasetError
+    from clipcache.flows.evaluate import evaluate
+    from clipcache.flows.params import EvaluateParams
+    from clipcache.storage.errors import DatasetError
 
     from conftest import replace_tar_member, write_wds
 
@@ -172,8 +172,8 @@ def test_existing_dask_scheduler_by_address(prefect_server, single_process, tmp_
 
     import prefect.settings
 
-    from flows.evaluate import evaluate
-    from flows.params import EvaluateParams
+    from clipcache.flows.evaluate import evaluate
+    from clipcache.flows.params import EvaluateParams
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -202,7 +202,7 @@ def test_existing_dask_scheduler_by_address(prefect_server, single_process, tmp_
 def test_unreachable_scheduler_is_one_clear_error(prefect_server, tmp_path, capsys):
     import dask
 
-    from flows.cli import main
+    from clipcache.flows.cli import main
 
     with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
         code = main(["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "8", "--quiet",

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from tasks.score.text_retrieval import text_retrieval_metrics
+from clipcache.tasks.score.text_retrieval import text_retrieval_metrics
 
 from conftest import REPO
 
@@ -59,10 +59,10 @@ def test_equal_to_beir_evaluate_retrieval(seed):
 
 @pytest.mark.slow
 def test_images_to_captions_to_text_retrieval_end_to_end(prefect_server, tmp_path):
-    from flows.convert import convert
-    from flows.convert_params import ConvertParams
-    from flows.evaluate import evaluate
-    from flows.params import EvaluateParams
+    from clipcache.flows.convert import convert
+    from clipcache.flows.convert_params import ConvertParams
+    from clipcache.flows.evaluate import evaluate
+    from clipcache.flows.params import EvaluateParams
 
     with FakeVLMServer() as vlm:
         convert(ConvertParams(models=[{"model_name": "captioner", "api_base": vlm.api_base, "api_key": "k"}],
@@ -84,7 +84,7 @@ def test_images_to_captions_to_text_retrieval_end_to_end(prefect_server, tmp_pat
 
 def test_text_retrieval_from_an_evalscope_style_config(prefect_server, tmp_path):
     from clipcache import run_task
-    from tasks.convert.beir import write_beir
+    from clipcache.tasks.convert.beir import write_beir
 
     folder = tmp_path / "beir" / "toy"
     write_beir(folder, ["a red circle", "a blue square", "a green triangle"],

@@ -14,10 +14,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from flows.cli import main
-from storage.compaction import compact, table_checksum
-from storage.results import new_run_id, warehouse_dir, write_metric_rows, write_run_row
-from storage.warehouse import connect
+from clipcache.flows.cli import main
+from clipcache.storage.compaction import compact, table_checksum
+from clipcache.storage.results import new_run_id, warehouse_dir, write_metric_rows, write_run_row
+from clipcache.storage.warehouse import connect
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -130,7 +130,7 @@ def test_interrupted_compaction_hides_leftovers(history, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_dbt_build_and_report_in_a_real_browser(history, tmp_path):
-    from flows.report import ReportParams, report
+    from clipcache.flows.report import ReportParams, report
 
     with_compaction = compact(history, "metrics")  # the marts must read compacted warehouses too
     assert with_compaction.files_after == 1

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.errors import DatasetError
+from clipcache.storage.errors import DatasetError
 
 
 @dataclass

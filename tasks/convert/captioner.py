@@ -25,9 +25,9 @@ from typing import Any
 
 from PIL import Image
 
-from storage.caption_cache import CaptionCache
-from storage.errors import VLMRequestError
-from tasks.progress import StageProgress
+from clipcache.storage.caption_cache import CaptionCache
+from clipcache.storage.errors import VLMRequestError
+from clipcache.tasks.progress import StageProgress
 
 
 @dataclass(frozen=True)

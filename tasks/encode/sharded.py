@@ -26,14 +26,14 @@ from typing import Any, Literal
 import numpy as np
 import zarr
 
-from storage.atomic import atomic_write_json
-from storage.embedding_store import CHUNK_ROWS, EmbeddingRef, EmbeddingStore, entry_key, publish_entry
-from storage.errors import DatasetError, ModelError
-from storage.hashing import FileHashMemo, canonical_json
-from storage.paths import rmtree, url
-from tasks.encode.datasets.base import EvalDataset
-from tasks.encode.models.resolve import ResolvedModel
-from tasks.encode.stage import ModelSession, iter_image_batches
+from clipcache.storage.atomic import atomic_write_json
+from clipcache.storage.embedding_store import CHUNK_ROWS, EmbeddingRef, EmbeddingStore, entry_key, publish_entry
+from clipcache.storage.errors import DatasetError, ModelError
+from clipcache.storage.hashing import FileHashMemo, canonical_json
+from clipcache.storage.paths import rmtree, url
+from clipcache.tasks.datasets.base import EvalDataset
+from clipcache.tasks.encode.stage import ModelSession, iter_image_batches
+from clipcache.tasks.models.resolve import ResolvedModel
 
 log = logging.getLogger("clipcache.encode")
 
@@ -65,7 +65,7 @@ def plan_shards(rows: int, batch_size: int, workers: int, shard_rows: int | None
 
 @dataclass(frozen=True)
 class DatasetSource:
-    """How a worker opens the dataset (the arguments of ``tasks.encode.datasets.open_dataset``) and what it must
+    """How a worker opens the dataset (the arguments of ``tasks.datasets.open_dataset``) and what it must
     find there (the coordinator's dataset identity)."""
 
     name: str
@@ -117,7 +117,7 @@ _datasets: dict[str, EvalDataset] = {}
 
 
 def worker_session(model: WorkerModel) -> ModelSession:
-    from tasks.encode.models.devices import precision_name, resolve_device
+    from clipcache.tasks.models.devices import precision_name, resolve_device
 
     key = canonical_json([model.resolved.identity, model.device, model.amp])
     with _lock:
@@ -151,7 +151,7 @@ def _gpu_of_this_worker() -> str:
 
 
 def worker_dataset(source: DatasetSource) -> EvalDataset:
-    from tasks.encode.datasets import open_dataset
+    from clipcache.tasks.datasets import open_dataset
 
     key = canonical_json(asdict(source))
     with _lock:

@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from storage.embedding_store import AuxSpec, EmbeddingRef, EmbeddingStore, entry_key
-from storage.errors import DatasetError
-from storage.hashing import digest
-from storage.text_pool import PoolLookup, TextPool, text_sha256
-from tasks.encode.datasets.base import EvalDataset
-from tasks.encode.models.base import EmbeddingModel
-from tasks.encode.models.resolve import ResolvedModel, load_model
-from tasks.progress import StageProgress
+from clipcache.storage.embedding_store import AuxSpec, EmbeddingRef, EmbeddingStore, entry_key
+from clipcache.storage.errors import DatasetError
+from clipcache.storage.hashing import digest
+from clipcache.storage.text_pool import PoolLookup, TextPool, text_sha256
+from clipcache.tasks.datasets.base import EvalDataset
+from clipcache.tasks.models.base import EmbeddingModel
+from clipcache.tasks.models.resolve import ResolvedModel, load_model
+from clipcache.tasks.progress import StageProgress
 
 log = logging.getLogger("clipcache.encode")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from storage.errors import ResultsError
+from clipcache.storage.errors import ResultsError
 
 PROJECT_DIR = Path(__file__).resolve().parents[2] / "dbt_reports"
 

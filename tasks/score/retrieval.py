@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.score.ranking import DEFAULT_BLOCK_BYTES, all_positive_ranks, best_positive_rank
+from clipcache.tasks.score.ranking import DEFAULT_BLOCK_BYTES, all_positive_ranks, best_positive_rank
 
 NO_POSITIVE = np.iinfo(np.int64).max
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from storage.embedding_store import EmbeddingRef, EmbeddingStore
-from storage.errors import CacheIntegrityError
-from storage.text_pool import PoolLookup, TextPool
-from tasks.score.classification import classification_metrics, logits, zero_shot_classifier
-from tasks.score.retrieval import retrieval_metrics
+from clipcache.storage.embedding_store import EmbeddingRef, EmbeddingStore
+from clipcache.storage.errors import CacheIntegrityError
+from clipcache.storage.text_pool import PoolLookup, TextPool
+from clipcache.tasks.score.classification import classification_metrics, logits, zero_shot_classifier
+from clipcache.tasks.score.retrieval import retrieval_metrics
 
 
 def score_classification(store: EmbeddingStore, images: EmbeddingRef, pool: str, prompts: PoolLookup,

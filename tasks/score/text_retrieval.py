@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.score.ranking import DEFAULT_BLOCK_BYTES, all_positive_ranks
+from clipcache.tasks.score.ranking import DEFAULT_BLOCK_BYTES, all_positive_ranks
 
 
 def text_retrieval_metrics(queries: np.ndarray, docs: np.ndarray, relevant: list[np.ndarray],

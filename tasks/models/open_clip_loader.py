@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from PIL import Image
 
-from storage.errors import ModelError
-from tasks.encode.models.base import TwoTowerModel
+from clipcache.storage.errors import ModelError
+from clipcache.tasks.models.base import TwoTowerModel
 
 
 class OpenClipModel(TwoTowerModel):

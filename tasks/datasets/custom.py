@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from storage.errors import DatasetError
-from storage.hashing import FileHashMemo
-from tasks.encode.datasets.base import EvalDataset, iter_jsonl_records, resolve_image_path
+from clipcache.storage.errors import DatasetError
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.datasets.base import EvalDataset, iter_jsonl_records, resolve_image_path
 
 FILENAME = "image_queries.jsonl"
 

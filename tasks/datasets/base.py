@@ -18,8 +18,8 @@ from typing import Any, Literal
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from storage.errors import ConfigError, DatasetError
-from storage.hashing import FileHashMemo
+from clipcache.storage.errors import ConfigError, DatasetError
+from clipcache.storage.hashing import FileHashMemo
 
 Task = Literal["zeroshot_classification", "zeroshot_retrieval"]
 TASKS: tuple[Task, ...] = ("zeroshot_classification", "zeroshot_retrieval")

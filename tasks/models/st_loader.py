@@ -6,8 +6,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from storage.errors import ModelError
-from tasks.encode.models.base import EmbeddingModel
+from clipcache.storage.errors import ModelError
+from clipcache.tasks.models.base import EmbeddingModel
 
 
 class SentenceTransformerModel(EmbeddingModel):

@@ -2,7 +2,7 @@
 
 - ``shapes`` / ``shapes_retrieval``: the bundled synthetic data (no files needed).
 - ``custom``: evalscope's ``image_queries.jsonl`` layout under ``dataset_root`` / ``data_dir``.
-- ``imagefolder`` / ``image_labels``: users' classification data (tasks/encode/datasets/labelled.py).
+- ``imagefolder`` / ``image_labels``: users' classification data (tasks/datasets/labelled.py).
 - ``wds/<name>``: the hosted webdataset layout under ``dataset_root`` (a directory or a template with ``{dataset}`` /
   ``{dataset_cleaned}``, as in clip_benchmark).
 - any name from ``catalog.csv`` (the 43 CLIP-benchmark datasets): the same webdataset layout under ``dataset_root``.
@@ -15,17 +15,17 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-from storage.errors import ConfigError, DatasetError
-from tasks.encode.datasets.base import EvalDataset
-from tasks.registry import Registry
+from clipcache.storage.errors import ConfigError, DatasetError
+from clipcache.tasks.datasets.base import EvalDataset
+from clipcache.tasks.registry import Registry
 
 Loader = Callable[[str, Path | None, str, int | None], EvalDataset]
 DATASETS: Registry[Loader] = Registry("dataset", DatasetError)
-DATASETS.register("shapes", "tasks.encode.datasets.loaders:shapes_classification")
-DATASETS.register("shapes_retrieval", "tasks.encode.datasets.loaders:shapes_retrieval")
-DATASETS.register("custom", "tasks.encode.datasets.loaders:custom")
-DATASETS.register("imagefolder", "tasks.encode.datasets.loaders:imagefolder")
-DATASETS.register("image_labels", "tasks.encode.datasets.loaders:image_labels")
+DATASETS.register("shapes", "clipcache.tasks.datasets.loaders:shapes_classification")
+DATASETS.register("shapes_retrieval", "clipcache.tasks.datasets.loaders:shapes_retrieval")
+DATASETS.register("custom", "clipcache.tasks.datasets.loaders:custom")
+DATASETS.register("imagefolder", "clipcache.tasks.datasets.loaders:imagefolder")
+DATASETS.register("image_labels", "clipcache.tasks.datasets.loaders:image_labels")
 
 # The task each registered (non-catalog) dataset serves.
 REGISTERED_TASKS = {"shapes": "zeroshot_classification", "shapes_retrieval": "zeroshot_retrieval",
@@ -73,7 +73,7 @@ def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | N
     if name in DATASETS:
         root = format_root(dataset_root, name) if dataset_root else None
         return DATASETS.get(name)(name, root, split, limit)
-    from tasks.encode.datasets.wds import load_webdataset
+    from clipcache.tasks.datasets.wds import load_webdataset
 
     bare = name[len(WDS_PREFIX):] if name.startswith(WDS_PREFIX) else name
     if dataset_root:
@@ -81,7 +81,7 @@ def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | N
     if cache_dir is None:
         raise DatasetError(f"dataset {name!r} needs --dataset_root (a local folder in the clip_benchmark webdataset "
                            f"layout) or a cache_dir to download it into")
-    from tasks.encode.datasets.download import fetch_dataset
+    from clipcache.tasks.datasets.download import fetch_dataset
 
     root = fetch_dataset(name, split, hub, cache_dir, offline=offline, progress=progress)
     return load_webdataset(name, root, split, limit)

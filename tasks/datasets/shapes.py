@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from tasks.encode.datasets.base import ClassPrompts, EvalDataset, Task
+from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset, Task
 
 GENERATOR_VERSION = 2
 IMAGE_SIZE = 64
@@ -131,7 +131,7 @@ class ShapesDataset(EvalDataset):
 
 
 def load_shapes(name: str, task: Task, split: str, limit: int | None, size: int | None = None) -> ShapesDataset:
-    from storage.errors import DatasetError
+    from clipcache.storage.errors import DatasetError
 
     if split not in SPLIT_SEEDS:
         raise DatasetError(f"dataset {name!r} has no split {split!r} (available splits: {', '.join(SPLIT_SEEDS)})")
@@ -151,5 +151,5 @@ def load_shapes(name: str, task: Task, split: str, limit: int | None, size: int 
         ds.captions = captions
     else:
         ds.labels = np.array([s.label for s in ds.samples], dtype=np.int64)
-        ds.prompts = ClassPrompts(list(CLASSNAMES), list(TEMPLATES), "en", "tasks/encode/datasets/shapes.py")
+        ds.prompts = ClassPrompts(list(CLASSNAMES), list(TEMPLATES), "en", "tasks/datasets/shapes.py")
     return ds

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from storage.errors import ConfigError
+from clipcache.storage.errors import ConfigError
 
 
 def resolve_device(requested: str = "auto") -> torch.device:

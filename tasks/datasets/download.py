@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.errors import DatasetError
-from tasks.progress import StageProgress
+from clipcache.storage.errors import DatasetError
+from clipcache.tasks.progress import StageProgress
 
 DEFAULT_ENDPOINTS = {"huggingface": "https://huggingface.co", "modelscope": "https://www.modelscope.cn"}
 ENDPOINT_VARIABLES = {"huggingface": "HF_ENDPOINT", "modelscope": "MODELSCOPE_ENDPOINT"}

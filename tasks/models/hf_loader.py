@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from PIL import Image
 
-from storage.errors import ModelError
-from tasks.encode.models.base import TwoTowerModel, pooled
+from clipcache.storage.errors import ModelError
+from clipcache.tasks.models.base import TwoTowerModel, pooled
 
 SUPPORTED_TYPES = ("clip", "chinese_clip", "siglip", "siglip2", "altclip")
 

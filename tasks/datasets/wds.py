@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from storage.errors import DatasetError
-from storage.hashing import FileHashMemo
-from tasks.encode.datasets.base import ClassPrompts, EvalDataset
+from clipcache.storage.errors import DatasetError
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset
 
 IMAGE_EXTENSIONS = ("webp", "png", "jpg", "jpeg")
 _OPEN_LOCK = threading.Lock()

@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from storage.errors import ConfigError, ModelError
-from storage.hashing import FileHashMemo, digest
-from tasks.encode.models.base import EmbeddingModel
-from tasks.encode.models.spec import ModelSpec
+from clipcache.storage.errors import ConfigError, ModelError
+from clipcache.storage.hashing import FileHashMemo, digest
+from clipcache.tasks.models.base import EmbeddingModel
+from clipcache.tasks.models.spec import ModelSpec
 
 ASSETS = Path(__file__).parent / "assets"
 BUNDLED = {"tiny-shapes-clip": ASSETS / "tiny-shapes-clip"}
@@ -195,13 +195,13 @@ def resolve_model(spec: ModelSpec, memo: FileHashMemo, model_cache_dir: str | No
 
 def load_model(resolved: ResolvedModel, device: torch.device, amp: bool, cache_dir: str | None = None) -> EmbeddingModel:
     if resolved.loader == "open_clip":
-        from tasks.encode.models.open_clip_loader import OpenClipModel
+        from clipcache.tasks.models.open_clip_loader import OpenClipModel
 
         return OpenClipModel(resolved.source, resolved.pretrained, device, amp, cache_dir)
     if resolved.loader == "sentence_transformers":
-        from tasks.encode.models.st_loader import SentenceTransformerModel
+        from clipcache.tasks.models.st_loader import SentenceTransformerModel
 
         return SentenceTransformerModel(resolved.source, device, amp, cache_dir)
-    from tasks.encode.models.hf_loader import HFClipModel
+    from clipcache.tasks.models.hf_loader import HFClipModel
 
     return HFClipModel(resolved.source, resolved.revision, device, amp, cache_dir)

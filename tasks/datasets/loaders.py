@@ -4,24 +4,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from storage.errors import DatasetError
-from tasks.encode.datasets.base import EvalDataset
+from clipcache.storage.errors import DatasetError
+from clipcache.tasks.datasets.base import EvalDataset
 
 
 def shapes_classification(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-    from tasks.encode.datasets.shapes import load_shapes
+    from clipcache.tasks.datasets.shapes import load_shapes
 
     return load_shapes(name, "zeroshot_classification", split, limit)
 
 
 def shapes_retrieval(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-    from tasks.encode.datasets.shapes import load_shapes
+    from clipcache.tasks.datasets.shapes import load_shapes
 
     return load_shapes(name, "zeroshot_retrieval", split, limit)
 
 
 def custom(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-    from tasks.encode.datasets.custom import load_image_queries
+    from clipcache.tasks.datasets.custom import load_image_queries
 
     if root is None:
         raise DatasetError("dataset 'custom' needs data_dir (or --dataset_root): the folder holding image_queries.jsonl")
@@ -35,12 +35,12 @@ def _root(name: str, root: Path | None) -> Path:
 
 
 def imagefolder(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-    from tasks.encode.datasets.labelled import load_imagefolder
+    from clipcache.tasks.datasets.labelled import load_imagefolder
 
     return load_imagefolder(name, _root(name, root), split, limit)
 
 
 def image_labels(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-    from tasks.encode.datasets.labelled import load_image_labels
+    from clipcache.tasks.datasets.labelled import load_image_labels
 
     return load_image_labels(name, _root(name, root), split, limit)

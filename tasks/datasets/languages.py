@@ -13,8 +13,8 @@ import json
 from functools import cache
 from pathlib import Path
 
-from storage.errors import ConfigError
-from tasks.encode.datasets.base import ClassPrompts
+from clipcache.storage.errors import ConfigError
+from clipcache.tasks.datasets.base import ClassPrompts
 
 DATA = Path(__file__).with_name("prompts") / "imagenet1k.json"
 

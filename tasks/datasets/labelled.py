@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from storage.errors import DatasetError
-from storage.hashing import FileHashMemo
-from tasks.encode.datasets.base import ClassPrompts, EvalDataset, iter_jsonl_records, resolve_image_path
+from clipcache.storage.errors import DatasetError
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset, iter_jsonl_records, resolve_image_path
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 DEFAULT_TEMPLATES = ["a photo of a {c}."]

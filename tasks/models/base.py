@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from tasks.encode.models.devices import autocast
+from clipcache.tasks.models.devices import autocast
 
 
 class EmbeddingModel(ABC):
