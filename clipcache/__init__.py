@@ -19,7 +19,7 @@ def run_task(task_cfg: dict[str, Any] | str) -> list[dict[str, Any]]:
     """Run an evalscope task config; returns one ``{"dataset", "model", "task", "metrics"}`` dict per pair.
 
     ``task: image_caption`` runs the convert flow (BEIR files); any other task the evaluate flow."""
-    from clipcache.flows import runtime
+    from clipcache.flows import launch, runtime
 
     runtime.configure()
     from clipcache.flows.convert_params import ConvertParams
@@ -27,18 +27,15 @@ def run_task(task_cfg: dict[str, Any] | str) -> list[dict[str, Any]]:
 
     params = parse_task_config(task_cfg)
     if isinstance(params, ConvertParams):
-        from clipcache.flows.convert import convert
-
-        return convert(params)
-    from clipcache.flows.evaluate import evaluate
-
-    results = evaluate(params)
+        return launch.convert(params)
+    results = launch.evaluate(params, cached_only=False)
     return [{"dataset": r.dataset, "model": r.model, "task": r.task, "metrics": r.metrics, "status": r.status}
             for r in results]
 
 
 def connect(output_dir: str = "outputs"):
-    """A DuckDB connection whose views ``metrics`` and ``runs`` are the results under ``output_dir``."""
+    """A DuckDB connection with the views ``leaderboard``, ``metrics``, ``metrics_all`` and ``runs`` over the results
+    under ``output_dir`` (storage/warehouse.py)."""
     from clipcache.storage.warehouse import connect as _connect
 
     return _connect(output_dir)

@@ -1,18 +1,27 @@
 """``clipcache`` command line. Flags follow LAION clip_benchmark (``--dataset a b c``, ``--recall_k 1 5 10``), which
-is why this is argparse: click/typer options cannot take several values after one flag."""
+is why this is argparse: click/typer options cannot take several values after one flag.
+
+The eval / rescore flags are generated from the flow's parameter model (flows/params.py), so the CLI, evalscope
+configs and deployments cannot drift apart. Start-up stays light: nothing imports torch, open_clip or Prefect before
+the names given have been checked.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import types
+import typing
 from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Console
-
-console = Console(stderr=True)
-# Piped output would otherwise wrap the results table at 80 columns.
-out = Console(width=None if sys.stdout.isatty() else 132)
+# Flags named differently from their parameter (clip_benchmark's names), and parameters the CLI sets otherwise.
+FLAG_NAMES = {"datasets": "dataset"}
+NOT_FLAGS = {"models", "verbose", "amp"}
+FLAG_HELP = {
+    "dataset": "shapes, shapes_retrieval, custom, imagefolder, image_labels, wds/<name>, a catalog name "
+               "(clipcache datasets)",
+}
 
 
 def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
@@ -21,86 +30,113 @@ def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
     parser.add_argument(*names, dest=name, **kwargs)
 
 
-def _eval_parser(sub: argparse._SubParsersAction, command: str = "eval") -> None:
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """(inner type, optional) of ``X | None``."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0], len(args) < len(typing.get_args(annotation))
+    return annotation, False
+
+
+def _scalar(annotation: Any) -> dict[str, Any]:
+    if typing.get_origin(annotation) is typing.Literal:
+        return {"choices": list(typing.get_args(annotation))}
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return {"type": annotation} if annotation in (int, float) else {}
+
+
+def add_param_flags(parser: argparse.ArgumentParser, model: Any, choices: dict[str, list[str]]) -> None:
+    """One flag per field of a pydantic parameter model: lists take several values, Literals are choices, booleans
+    are switches; help and defaults come from the field."""
+    for name, info in model.model_fields.items():
+        if name in NOT_FLAGS:
+            continue
+        flag = FLAG_NAMES.get(name, name)
+        annotation, _ = _unwrap(info.annotation)
+        kwargs: dict[str, Any] = {"help": FLAG_HELP.get(flag, info.description)}
+        if annotation is bool:
+            kwargs.update(action="store_true", default=False)
+        elif typing.get_origin(annotation) is list:
+            kwargs.update(nargs="+", **_scalar(typing.get_args(annotation)[0]))
+        else:
+            kwargs.update(_scalar(annotation))
+        if name in choices:
+            kwargs["choices"] = choices[name]
+        kwargs.setdefault("default", None)
+        _flag(parser, flag, **kwargs)
+
+
+def _eval_parser(sub: argparse._SubParsersAction, command: str) -> None:
+    from clipcache.flows.params import EvaluateParams
+    from clipcache.tasks.evaluation import TASKS
+    from clipcache.tasks.models import LOADERS
+
     if command == "eval":
-        p = sub.add_parser("eval", help="evaluate models on datasets (zero-shot classification / retrieval)",
+        p = sub.add_parser("eval", help="evaluate models on datasets (zero-shot classification / retrieval, ...)",
                            description="Evaluate CLIP-style models; flags as in LAION clip_benchmark.")
     else:
         p = sub.add_parser("rescore", help="recompute metrics from cached embeddings only (same flags as eval)",
                            description="Recompute metrics from the cache: no image is decoded and the model is "
                                        "loaded only to encode class prompts it has never seen.")
-    _flag(p, "model", nargs="+", required=True, help="open_clip architecture, local-dir:PATH, hf-hub:ORG/REPO, "
-                                                     "HF/ModelScope id, local directory, or tiny-shapes-clip")
-    _flag(p, "pretrained", nargs="+", default=None, help="open_clip pretrained tag or checkpoint (one, or one per "
-                                                         "model)")
-    _flag(p, "model_type", choices=["auto", "open_clip", "hf", "modelscope", "sentence_transformers"],
-          default="auto")
-    _flag(p, "arch_config", default=None, help="extra open_clip architecture JSON file or folder")
-    _flag(p, "hub", choices=["huggingface", "modelscope"], default="huggingface",
-          help="where ORG/NAME model ids and hosted datasets come from (default huggingface)")
-    _flag(p, "offline", action="store_true", default=False, help="use only datasets already in --cache_dir")
-    _flag(p, "dataset", nargs="+", required=True, help="shapes, shapes_retrieval, custom, wds/<name>, catalog name")
-    _flag(p, "dataset_root", default=None, help="dataset folder or template with {dataset} / {dataset_cleaned}")
-    _flag(p, "split", default="test")
-    _flag(p, "task", choices=["auto", "zeroshot_classification", "zeroshot_retrieval", "text_retrieval"],
-          default="auto", help="text_retrieval: --dataset_root is a BEIR folder (e.g. one written by convert)")
-    _flag(p, "language", default="en")
-    _flag(p, "classnames", default=None, help="class names file (JSON list or one per line) replacing the dataset's")
-    _flag(p, "templates", default=None, help="templates file (JSON list or one per line, with {c}) replacing the "
-                                             "dataset's")
-    _flag(p, "recall_k", nargs="+", type=int, default=[1, 5, 10])
-    _flag(p, "retrieval_metrics", nargs="+", choices=["recall", "mrr", "ndcg", "rank"], default=["recall"],
-          help="retrieval metric families (default: recall, as clip_benchmark)")
-    _flag(p, "batch_size", type=int, default=64)
-    _flag(p, "num_workers", type=int, default=2)
-    _flag(p, "limit", type=int, default=None, help="evaluate exactly the first N samples")
+    models = p.add_argument_group("models (evaluated as the product of --model and --pretrained, as clip_benchmark)")
+    _flag(models, "model", nargs="+", default=None, help="open_clip architecture, local-dir:PATH, hf-hub:ORG/REPO, "
+                                                         "HF/ModelScope id, local directory, or tiny-shapes-clip")
+    _flag(models, "pretrained", nargs="+", default=None, help="open_clip pretrained tags or checkpoint files")
+    _flag(models, "pretrained_model", nargs="+", default=None, help="ARCH,PRETRAINED pairs (instead of the product)")
+    _flag(models, "model_type", default="auto", choices=["auto", *LOADERS.names()],
+          help="which loader reads the model (auto: the first that recognises the name)")
+    _flag(models, "arch_config", default=None, help="extra open_clip architecture JSON file or folder")
+    _flag(models, "revision", default=None, help="hub revision (branch, tag or commit) of hub model ids")
+    add_param_flags(p, EvaluateParams, {"task": ["auto", *TASKS.names()]})
     amp = p.add_mutually_exclusive_group()
     amp.add_argument("--amp", dest="amp", action="store_true", default=False,
                      help="mixed precision: bf16 on CPU, fp16 on CUDA")
     amp.add_argument("--no_amp", "--no-amp", dest="amp", action="store_false", help="fp32 (default; parity)")
-    _flag(p, "device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
-    _flag(p, "on_bad_image", choices=["error", "skip"], default="error")
-    _flag(p, "output", default=None, help="also write clip_benchmark-style JSON to this path template, e.g. "
-                                          "'{dataset}_{model}_{task}.json'")
-    _flag(p, "output_dir", default="outputs")
-    _flag(p, "cache_dir", default="cache")
-    _flag(p, "model_cache_dir", default=None)
-    _flag(p, "task_runner", default="none", help="none, threads, dask (local cluster) or dask://HOST:PORT: shard "
-                                                 "encoding across workers")
-    _flag(p, "workers", type=int, default=None, help="workers for threads / a local Dask cluster")
-    _flag(p, "shard_rows", type=int, default=None, help="rows per encode shard")
-    _flag(p, "skip_existing", action="store_true", default=False)
     _flag(p, "quiet", action="store_true", default=False, help="no progress bars")
+    _flag(p, "orchestrator", choices=["auto", "prefect", "local"], default="auto",
+          help="prefect: every run a Prefect flow run; local: plain calls; auto (default): prefect when a Prefect "
+               "server is configured (PREFECT_API_URL or `clipcache server start`), else local")
     p.set_defaults(handler=_cmd_eval, cached_only=command == "rescore")
 
 
-def _models_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
+def models_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """clip_benchmark's rule: ``--pretrained_model`` pairs, else the product of ``--model`` and ``--pretrained``."""
     from clipcache.storage.errors import ConfigError
 
-    pretrained = args.pretrained or [None]
-    if len(pretrained) not in (1, len(args.model)):
-        raise ConfigError(f"--pretrained: give one value or one per model ({len(args.model)}), got {len(pretrained)}")
-    if len(pretrained) == 1:
-        pretrained = pretrained * len(args.model)
-    return [{"model_name": m, "pretrained": p or None, "model_type": args.model_type, "arch_config": args.arch_config,
-             "hub": args.hub} for m, p in zip(args.model, pretrained, strict=True)]
+    if args.pretrained_model:
+        if args.model or args.pretrained:
+            raise ConfigError("--pretrained_model: give either it or --model/--pretrained, not both")
+        pairs = []
+        for item in args.pretrained_model:
+            arch, sep, tag = item.partition(",")
+            if not sep or not arch.strip():
+                raise ConfigError(f"--pretrained_model: {item!r} is not ARCH,PRETRAINED")
+            pairs.append((arch.strip(), tag.strip() or None))
+    else:
+        if not args.model:
+            raise ConfigError("--model is required (or --pretrained_model ARCH,PRETRAINED)")
+        pairs = [(m, p) for m in args.model for p in (args.pretrained or [None])]
+    return [{"model_name": m, "pretrained": p, "model_type": args.model_type, "arch_config": args.arch_config,
+             "revision": args.revision, "hub": args.hub or "huggingface"} for m, p in pairs]
+
+
+def params_from_args(args: argparse.Namespace) -> Any:
+    from clipcache.flows.params import EvaluateParams, validate
+
+    given = {name: getattr(args, FLAG_NAMES.get(name, name)) for name in EvaluateParams.model_fields
+             if name not in NOT_FLAGS}
+    return validate(EvaluateParams, {
+        **{k: v for k, v in given.items() if v is not None and v is not False},
+        "models": models_from_args(args), "amp": args.amp, "verbose": not args.quiet,
+    })
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from clipcache.flows.params import EvaluateParams, validate
+    from clipcache.flows.launch import evaluate
 
-    params = validate(EvaluateParams, {
-        "models": _models_from_args(args), "datasets": args.dataset, "dataset_root": args.dataset_root,
-        "split": args.split, "task": args.task, "language": args.language, "recall_k": args.recall_k,
-        "classnames": args.classnames, "templates": args.templates, "hub": args.hub, "offline": args.offline,
-        "retrieval_metrics": args.retrieval_metrics,
-        "batch_size": args.batch_size, "num_workers": args.num_workers, "limit": args.limit, "amp": args.amp,
-        "device": args.device, "on_bad_image": args.on_bad_image, "output": args.output,
-        "output_dir": args.output_dir, "cache_dir": args.cache_dir, "model_cache_dir": args.model_cache_dir,
-        "skip_existing": args.skip_existing, "verbose": not args.quiet, "task_runner": args.task_runner,
-        "workers": args.workers, "shard_rows": args.shard_rows,
-    })
-    return _run(params, args.cached_only)
+    params = params_from_args(args)
+    return _show(evaluate(params, args.cached_only, args.orchestrator), params)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -109,16 +145,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     params = parse_task_config(args.config)
     if isinstance(params, ConvertParams):
-        from clipcache.flows.convert import convert
+        from clipcache.flows.launch import convert
 
         for result in convert(params):
             m = result.get("metrics", {})
-            out.print(f"{result['model']} / {result['dataset']}: " + (
+            out().print(f"{result['model']} / {result['dataset']}: " + (
                 "skipped (result exists)" if result.get("status") == "skipped" else
                 f"{m['n_captioned']}/{m['n_images']} images captioned ({m['api_calls']} API calls, "
                 f"{m['from_cache']} from cache, {m['n_failed']} failed) -> {m['save_path']}"), highlight=False)
         return 0
-    return _run(params)
+    from clipcache.flows.launch import evaluate
+
+    return _show(evaluate(params, False, "auto"), params)
+
+
+def _show(results: list, params: Any) -> int:
+    from clipcache.flows.console import print_results
+
+    print_results(out(), results, params.output_dir)
+    return 0
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -128,13 +173,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(params, cached_only: bool = False) -> int:
-    from clipcache.flows.console import print_results
-    from clipcache.flows.evaluate import evaluate, rescore
+def out() -> Any:
+    from rich.console import Console
 
-    results = (rescore if cached_only else evaluate)(params)
-    print_results(out, results, params.output_dir)
-    return 0
+    # Piped output would otherwise wrap the results table at 80 columns.
+    return Console(width=None if sys.stdout.isatty() else 160)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,29 +200,31 @@ def build_parser() -> argparse.ArgumentParser:
     from clipcache.flows.cli_cache import add_cache_parser
     from clipcache.flows.cli_catalog import add_catalog_parsers
     from clipcache.flows.cli_query import add_query_parser, add_report_parser, add_results_parser
+    from clipcache.flows.cli_server import add_server_parser
 
     add_cache_parser(sub)
     add_query_parser(sub)
     add_results_parser(sub)
     add_report_parser(sub)
     add_catalog_parsers(sub)
+    add_server_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     from clipcache.flows import runtime
-
-    runtime.configure(verbose=args.verbose)
     from clipcache.storage.errors import ClipcacheError
 
     try:
-        return args.handler(args)
+        args = build_parser().parse_args(argv)
+        runtime.configure(verbose=args.verbose)
+        return int(args.handler(args))
     except ClipcacheError as e:
-        console.print(f"[bold red]error:[/] {_escape(str(e))}", highlight=False, soft_wrap=True)
+        runtime.error_console().print(f"[bold red]error:[/] {_escape(str(e))}", highlight=False, soft_wrap=True)
         return e.exit_code
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: finished chunks are cached; run the same command again to continue")
+        runtime.error_console().print("[yellow]interrupted[/]: finished work is cached; run the same command again "
+                                      "to continue")
         return 130
 
 

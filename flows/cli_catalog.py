@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -18,6 +16,7 @@ def add_catalog_parsers(sub: argparse._SubParsersAction) -> None:
     d.set_defaults(handler=run_datasets)
     m = sub.add_parser("models", help="known models: open_clip pretrained pairs, bundled, HF / ModelScope presets")
     m.add_argument("--filter", default=None, help="only names containing this text")
+    m.add_argument("--types", action="store_true", help="list the model loaders (--model_type values) instead")
     m.set_defaults(handler=run_models)
 
 
@@ -67,11 +66,15 @@ def run_datasets(args: argparse.Namespace) -> int:
 def run_models(args: argparse.Namespace) -> int:
     import open_clip
 
-    from clipcache.tasks.models.resolve import BUNDLED
+    from clipcache.tasks.models.open_clip_loader import BUNDLED
+    from clipcache.tasks.models.presets import presets as load_presets
+    from clipcache.tasks.models.st_loader import BUNDLED_TEXT
 
-    presets = json.loads((Path(__file__).resolve().parents[1] / "tasks" / "models" /
-                          "presets.json").read_text())
+    if args.types:
+        return _model_types()
+    presets = load_presets()
     rows = [("bundled", name, "", "open_clip local-dir") for name in BUNDLED]
+    rows += [("bundled", name, "", "sentence_transformers (text)") for name in BUNDLED_TEXT]
     rows += [("open_clip", arch, tag, "--model ARCH --pretrained TAG") for arch, tag in open_clip.list_pretrained()]
     for hub in ("huggingface", "modelscope"):
         rows += [(hub, p["id"], "", p["type"]) for p in presets[hub]]
@@ -83,4 +86,16 @@ def run_models(args: argparse.Namespace) -> int:
     for row in rows:
         table.add_row(*row)
     Console(width=None if Console().is_terminal else 140).print(table)
+    return 0
+
+
+def _model_types() -> int:
+    from clipcache.tasks.models import LOADERS
+
+    table = Table(title="model loaders (--model_type)")
+    for column in ("name", "what it loads", "from"):
+        table.add_column(column)
+    for name, loader in LOADERS.items():
+        table.add_row(name, loader.description, LOADERS.origin(name))
+    Console(width=None if Console().is_terminal else 160).print(table)
     return 0

@@ -9,15 +9,31 @@ import math
 import sys
 from datetime import date, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 
+def check_output_dir(output_dir: str) -> None:
+    """A mistyped --output_dir is an error, not an empty answer."""
+    from clipcache.storage.errors import ConfigError
+    from clipcache.storage.results import warehouse_dir
+
+    if not warehouse_dir(output_dir).exists():
+        raise ConfigError(f"output_dir: {output_dir} has no results (no {warehouse_dir(output_dir)}): is it the "
+                          f"--output_dir the evaluations wrote to?")
+
+
 def add_query_parser(sub: argparse._SubParsersAction) -> None:
-    q = sub.add_parser("query", help="run SQL over the results (views: metrics, runs)",
-                       description="DuckDB SQL over the Parquet results under --output_dir. Views: metrics (one row "
-                                   "per metric value), runs (one row per run).")
+    q = sub.add_parser("query", help="run SQL over the results (views: leaderboard, metrics, metrics_all, runs)",
+                       description="DuckDB SQL over the Parquet results under --output_dir. Views: leaderboard (the "
+                                   "latest complete reference value per model, checkpoint, dataset, split, language, "
+                                   "task, precision, metric, k), metrics (one row per metric value of completed runs, "
+                                   "limited runs and what-ifs included), metrics_all (every row and its run's "
+                                   "status), runs (one row per run). Read-only: SELECT only, no file access.")
     q.add_argument("sql")
     q.add_argument("--output_dir", "--output-dir", dest="output_dir", default="outputs")
+    q.add_argument("--allow_writes", "--allow-writes", dest="allow_writes", action="store_true",
+                   help="lift the read-only guard (any statement, any file)")
     q.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
     q.add_argument("--out", default=None, help="write to this file instead of standard output (required for parquet)")
     q.set_defaults(handler=run_query)
@@ -37,19 +53,33 @@ def run_query(args: argparse.Namespace) -> int:
     import duckdb
 
     from clipcache.storage.errors import ConfigError, ResultsError
-    from clipcache.storage.warehouse import connect
+    from clipcache.storage.warehouse import check_read_only, open_warehouse
 
-    con = connect(args.output_dir)
+    check_output_dir(args.output_dir)
+    if not args.allow_writes:
+        check_read_only(args.sql)
+    if args.out and not Path(args.out).parent.exists():
+        raise ConfigError(f"--out: folder {Path(args.out).parent} does not exist")
+    warehouse = open_warehouse(args.output_dir, read_only=not args.allow_writes)
+    problems = warehouse.problems_for(args.sql)
+    if problems:
+        raise ResultsError(f"{problems[0]}; move it out of the warehouse (`clipcache results verify` lists every "
+                           f"such file)")
     try:
-        relation = con.sql(args.sql)
+        relation = warehouse.con.sql(args.sql)
     except duckdb.Error as e:
-        raise ResultsError(f"query failed: {e}") from e
+        raise ResultsError(f"query failed: {str(e).strip().splitlines()[0]}") from e
     if relation is None:
         return 0  # a statement without a result (e.g. SET)
     if args.format == "parquet":
         if not args.out:
             raise ConfigError("--format parquet needs --out FILE")
-        relation.write_parquet(args.out)
+        import pyarrow.parquet as pq
+
+        from clipcache.storage.atomic import atomic_write
+
+        table = relation.to_arrow_table()  # written by us, not DuckDB: the query itself may not touch files
+        atomic_write(Path(args.out), lambda tmp: pq.write_table(table, tmp))
         return 0
     columns, rows = relation.columns, relation.fetchall()
     stream = open(args.out, "w", newline="", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
@@ -79,20 +109,47 @@ def run_query(args: argparse.Namespace) -> int:
 
 
 def add_results_parser(sub: argparse._SubParsersAction) -> None:
-    results = sub.add_parser("results", help="maintain the Parquet results")
-    results.add_argument("--output_dir", "--output-dir", dest="output_dir", default="outputs")
+    results = sub.add_parser("results", help="maintain the Parquet results (compact, migrate, verify)")
+    _output_dir(results)
     actions = results.add_subparsers(dest="action", required=True)
-    actions.add_parser("compact", help="merge small result files (row count and checksum are checked to be equal)")
+    for name, text in (("compact", "merge small result files (row count and checksum are checked to be equal)"),
+                       ("migrate", "rewrite result files of older releases in the current schema (nothing is lost)"),
+                       ("verify", "list unreadable or foreign files, and rows of runs that did not complete")):
+        _output_dir(actions.add_parser(name, help=text))
     results.set_defaults(handler=run_results)
+
+
+def _output_dir(parser: argparse.ArgumentParser) -> None:
+    """Accepted before and after the action (`results --output_dir X compact` and `results compact --output_dir X`)."""
+    parser.add_argument("--output_dir", "--output-dir", dest="output_dir", default=argparse.SUPPRESS)
 
 
 def run_results(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from clipcache.storage.compaction import TABLES, compact
+    from clipcache.storage.compaction import compact
     from clipcache.storage.errors import ResultsError
+    from clipcache.storage.results import TABLES
 
+    args.output_dir = getattr(args, "output_dir", "outputs")
+    check_output_dir(args.output_dir)
     out = Console()
+    if args.action == "verify":
+        from clipcache.storage.result_checks import verify_results
+
+        problems, notes = verify_results(args.output_dir)
+        for line in problems:
+            out.print(f"[red]problem[/] {line}", highlight=False, soft_wrap=True)
+        for line in notes:
+            out.print(f"[yellow]note[/] {line}", highlight=False, soft_wrap=True)
+        out.print(f"verified the results under {args.output_dir}: {len(problems)} problem(s), {len(notes)} note(s)")
+        return 1 if problems else 0
+    if args.action == "migrate":
+        from clipcache.flows.migration import migrate
+
+        for line in migrate(args.output_dir):
+            out.print(line, highlight=False)
+        return 0
     for table in TABLES:
         r = compact(args.output_dir, table)
         if (r.rows_before, r.checksum_before) != (r.rows_after, r.checksum_after):
@@ -113,9 +170,12 @@ def add_report_parser(sub: argparse._SubParsersAction) -> None:
 def run_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from clipcache.flows.launch import report
     from clipcache.flows.params import validate
-    from clipcache.flows.report import ReportParams, report
+    from clipcache.flows.reporting import ReportParams
 
-    path = report(validate(ReportParams, {"output_dir": args.output_dir, "report_path": args.out}))
+    params = validate(ReportParams, {"output_dir": args.output_dir, "report_path": args.out})
+    check_output_dir(args.output_dir)
+    path = report(params)
     Console().print(f"report: {path}", highlight=False)
     return 0

@@ -17,18 +17,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from clipcache.flows import runtime
+import yaml
+from prefect import flow
+from pydantic import BaseModel, ConfigDict, Field
 
-runtime.configure()
-
-import yaml  # noqa: E402
-from prefect import flow  # noqa: E402
-from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
-
-from clipcache.flows.evalscope import load_task_config, to_evaluate_params  # noqa: E402
-from clipcache.flows.evaluate import PairResult, run_pairs  # noqa: E402
-from clipcache.flows.params import EvaluateParams, validate  # noqa: E402
-from clipcache.storage.errors import ConfigError  # noqa: E402
+from clipcache.flows.evalscope import load_task_config, to_evaluate_params
+from clipcache.flows.evaluate import run_pairs
+from clipcache.flows.params import EvaluateParams, validate
+from clipcache.flows.pipeline import PairResult
+from clipcache.storage.errors import ConfigError
 
 DEFAULT_PREFECT_FILE = "prefect.yaml"
 

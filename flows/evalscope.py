@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
 from clipcache.flows.convert_params import CaptionModelSpec, ConvertParams
-from clipcache.flows.params import EvaluateParams, TaskChoice, validate
+from clipcache.flows.params import EvaluateParams, RetrievalMetric, known_task, validate
 from clipcache.storage.errors import ConfigError
-from clipcache.tasks.models.spec import ModelType
 
 
 class EvalscopeModel(BaseModel):
@@ -24,10 +23,10 @@ class EvalscopeModel(BaseModel):
 
     model_name: str
     pretrained: str | None = None
-    model_type: ModelType = "auto"
+    model_type: str = "auto"
     arch_config: str | None = None
     revision: str | None = None
-    hub: Literal["huggingface", "modelscope"] = "modelscope"
+    hub: Literal["huggingface", "modelscope", "local"] = "modelscope"  # local: evalscope's HubType.LOCAL
 
 
 class _EvalscopeCommon(BaseModel):
@@ -52,13 +51,15 @@ class _EvalscopeCommon(BaseModel):
 
 class EvalscopeEval(_EvalscopeCommon):
     models: list[EvalscopeModel] = Field(min_length=1)
-    task: TaskChoice = "auto"
-    language: str = "en"
+    task: str = "auto"
+    language: str | list[str] = "en"
+
+    _task = field_validator("task")(known_task)
     classnames: str | None = None
     templates: str | None = None
     recall_k: list[PositiveInt] = Field(default_factory=lambda: [1, 5, 10], min_length=1)
-    retrieval_metrics: list[Literal["recall", "mrr", "ndcg", "rank"]] = Field(default_factory=lambda: ["recall"],
-                                                                               min_length=1)
+    retrieval_metrics: list[RetrievalMetric] = Field(default_factory=lambda: ["recall"], min_length=1)
+    ties: Literal["topk", "stable"] = "topk"
     amp: bool = False
     device: str = "auto"
     on_bad_image: Literal["error", "skip"] = "error"

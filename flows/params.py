@@ -1,50 +1,70 @@
-"""The one validated run configuration. The CLI, evalscope task configs and the Prefect flow all end up here."""
+"""The one validated run configuration. The CLI (its flags are generated from this model), evalscope task configs and
+the Prefect flows all end up here, and it hands each stage its own typed settings.
+
+Names (tasks, datasets, model loaders) are checked here, against registries and the catalog, without importing torch,
+open_clip or Prefect: a typo fails with its suggestion before any work starts.
+"""
 
 from __future__ import annotations
 
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
-from clipcache.storage.errors import ConfigError
+from clipcache.storage.errors import ClipcacheError, ConfigError
+from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, PromptSettings, ScoreSettings
 from clipcache.tasks.models.spec import ModelSpec
 
-TaskChoice = Literal["auto", "zeroshot_classification", "zeroshot_retrieval", "text_retrieval"]
+RetrievalMetric = Literal["recall", "mrr", "ndcg", "rank"]
+
+
+def known_task(value: str) -> str:
+    from clipcache.tasks.evaluation import TASKS
+
+    if value != "auto" and value not in TASKS:
+        raise ValueError(f"unknown task {value!r} (known: auto, {', '.join(TASKS.names())}){TASKS.suggest(value)}")
+    return value
 
 
 class EvaluateParams(BaseModel):
-    """Parameters of the ``evaluate`` flow (also the deployment's parameter schema)."""
+    """Parameters of the ``evaluate`` / ``rescore`` flows (also the deployments' parameter schema)."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    models: list[ModelSpec] = Field(min_length=1)
-    datasets: list[str] = Field(min_length=1, description="shapes, shapes_retrieval, custom, wds/<name> or a "
-                                                          "catalog name")
+    models: list[ModelSpec] = Field(min_length=1, description="models to evaluate (the CLI's --model x --pretrained "
+                                                              "product, or --pretrained_model pairs)")
+    datasets: list[str] = Field(min_length=1, description="shapes, shapes_retrieval, custom, imagefolder, "
+                                                          "image_labels, wds/<name> or a catalog name")
     dataset_root: str | None = Field(None, description="dataset folder, or a template with {dataset} / "
                                                        "{dataset_cleaned}; for custom: the folder with "
-                                                       "image_queries.jsonl")
+                                                       "image_queries.jsonl; for text_retrieval: a BEIR folder")
     hub: Literal["huggingface", "modelscope"] = Field(
         "huggingface", description="where hosted datasets named without dataset_root are downloaded from")
     offline: bool = Field(False, description="use only datasets already downloaded into cache_dir")
-    split: str = "test"
-    task: TaskChoice = "auto"
-    language: str = "en"
+    split: str = Field("test", description="dataset split")
+    task: str = Field("auto", description="auto (the dataset's own task), or a registered task")
+    language: list[str] = Field(default_factory=lambda: ["en"], min_length=1,
+                                description="languages of class names / captions; several are evaluated in turn")
     classnames: str | None = Field(None, description="class names file (JSON list or one per line) replacing the "
-                                                     "dataset's, same order and count")
+                                                     "dataset's, same order and count (a what-if)")
     templates: str | None = Field(None, description="templates file (JSON list or one per line, with {c}) replacing "
-                                                    "the dataset's")
-    recall_k: list[PositiveInt] = Field(default_factory=lambda: [1, 5, 10], min_length=1)
-    retrieval_metrics: list[Literal["recall", "mrr", "ndcg", "rank"]] = Field(
+                                                    "the dataset's (a what-if)")
+    recall_k: list[PositiveInt] = Field(default_factory=lambda: [1, 5, 10], min_length=1, description="k values")
+    retrieval_metrics: list[RetrievalMetric] = Field(
         default_factory=lambda: ["recall"], min_length=1,
         description="retrieval metric families: recall@k (clip_benchmark's), mrr@k, ndcg@k, rank (mean/median)")
-    batch_size: PositiveInt = 64
-    num_workers: int = Field(2, ge=0)
+    ties: Literal["topk", "stable"] = Field(
+        "topk", description="retrieval ties: topk keeps what torch.topk keeps, as clip_benchmark (default); stable "
+                            "ranks equal scores by index, independent of the order of the data")
+    batch_size: PositiveInt = Field(64, description="images or texts per forward pass")
+    num_workers: int = Field(2, ge=0, description="image decoding threads")
     limit: PositiveInt | None = Field(None, description="evaluate exactly the first N samples")
     amp: bool = Field(False, description="mixed precision: bf16 on CPU, fp16 on CUDA (default fp32, for parity)")
-    device: str = "auto"
-    on_bad_image: Literal["error", "skip"] = "error"
-    output: str | None = Field(None, description="also write clip_benchmark-style JSON to this path template")
+    device: str = Field("auto", description="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
+    on_bad_image: Literal["error", "skip"] = Field("error", description="an image that does not decode")
+    output: str | None = Field(None, description="also write clip_benchmark-style JSON to this path template, e.g. "
+                                                 "'{dataset}_{model}_{task}.json'")
     output_dir: str = Field("outputs", description="results folder or fsspec URL (s3://bucket/prefix, gs://..., "
                                                    "memory://...)")
     cache_dir: str = Field("cache", description="embedding cache folder or fsspec URL; datasets downloaded from a "
@@ -57,8 +77,13 @@ class EvaluateParams(BaseModel):
     shard_rows: PositiveInt | None = Field(None, description="rows per encode shard (default: about two shards per "
                                                              "worker, at most 65,536 rows)")
     model_cache_dir: str | None = Field(None, description="where hub downloads go (default: the hubs' own caches)")
-    skip_existing: bool = False
-    verbose: bool = True
+    skip_existing: bool = Field(False, description="skip an experiment whose result file exists")
+    verbose: bool = Field(True, description="progress bars")
+
+    @field_validator("language", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
     @field_validator("task_runner")
     @classmethod
@@ -67,12 +92,53 @@ class EvaluateParams(BaseModel):
             return value
         raise ValueError(f"expected none, threads, dask or dask://HOST:PORT, got {value!r}")
 
+    _task = field_validator("task")(classmethod(lambda cls, value: known_task(value)))
+
     @field_validator("datasets")
     @classmethod
     def _no_blank_names(cls, value: list[str]) -> list[str]:
         if any(not name.strip() for name in value):
             raise ValueError("dataset names must not be empty")
         return value
+
+    @model_validator(mode="after")
+    def _known_datasets(self) -> EvaluateParams:
+        """Any name goes for a BEIR folder (text_retrieval names its own datasets); otherwise the registry or the
+        catalog must know it."""
+        from clipcache.tasks.datasets import check_name
+
+        if self.task == "text_retrieval":
+            return self
+        for i, name in enumerate(self.datasets):
+            try:
+                check_name(name, self.dataset_root)
+            except ClipcacheError as e:
+                raise ValueError(f"datasets.{i}: {e}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _known_models(self) -> EvaluateParams:
+        from clipcache.tasks.models.resolve import loader_for
+
+        for i, spec in enumerate(self.models):
+            try:
+                loader_for(spec)
+            except ClipcacheError as e:
+                raise ValueError(f"models.{i}.model_name: {e}") from None
+        return self
+
+    # -- what each stage gets --------------------------------------------------------------------------------------
+    def source(self, dataset: str, data_dir: str) -> DataSource:
+        return DataSource(dataset, self.dataset_root, self.split, self.limit, self.hub, data_dir, self.offline)
+
+    def encode_settings(self, cached_only: bool) -> EncodeSettings:
+        return EncodeSettings(self.batch_size, self.num_workers, self.on_bad_image, cached_only)
+
+    def score_settings(self, device: str) -> ScoreSettings:
+        return ScoreSettings(tuple(self.recall_k), tuple(self.retrieval_metrics), self.ties, device, self.batch_size)
+
+    def prompt_settings(self, language: str) -> PromptSettings:
+        return PromptSettings(language, self.classnames, self.templates)
 
 
 def local_folder(value: str) -> str:
@@ -88,13 +154,15 @@ def describe_validation_error(error: ValidationError, prefix: str = "") -> str:
     """'field.path: message' for every problem, one per line (pydantic's own text names the model, not the field)."""
     lines = []
     for problem in error.errors():
-        where = ".".join(str(part) for part in problem["loc"]) or "(config)"
-        message = problem["msg"]
+        where = ".".join(str(part) for part in problem["loc"])
+        message = problem["msg"].removeprefix("Value error, ")
         if problem["type"] == "extra_forbidden":
             message = "unknown key"
         elif problem["type"] == "literal_error":
-            message = f"{problem['msg']}, got {problem['input']!r}"
-        lines.append(f"{prefix}{where}: {message}")
+            message = f"{message}, got {problem['input']!r}"
+        lines.append(f"{prefix}{where}: {message}" if where else f"{prefix}{message}")
+    if len(lines) == 1:
+        return f"invalid configuration: {lines[0]}"
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 

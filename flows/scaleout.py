@@ -16,25 +16,41 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import AbstractContextManager, nullcontext
+from functools import cache
 from typing import Any
 
 import numpy as np
 
-from clipcache.storage.embedding_store import EmbeddingStore, entry_key
+from clipcache.storage.cache_keys import entry_key
+from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import ClipcacheError
-from clipcache.tasks import prefect_tasks as t
+from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.datasets.base import EvalDataset
-from clipcache.tasks.encode.sharded import (
-    DatasetSource,
-    ShardJob,
-    WorkerModel,
-    flat_captions,
-    plan_shards,
-    prepare_entry,
-    publish_sharded,
+from clipcache.tasks.encode import sharded
+from clipcache.tasks.encode.sharded import ShardJob, WorkerModel, plan_shards, prepare_entry, publish_sharded
+from clipcache.tasks.encode.stage import (
+    EncodeOutcome,
+    ModelSession,
+    caption_key_fields,
+    distinct_captions,
+    image_key_fields,
 )
-from clipcache.tasks.encode.stage import EncodeOutcome, ModelSession
+from clipcache.tasks.evaluation.base import EvalTask, Prepared
 from clipcache.tasks.progress import StageProgress
+
+SHARDABLE_ROLES = ("image", "caption")
+
+
+@cache
+def shard_tasks() -> tuple[Any, Any]:
+    """(encode-shard, probe-model): the Prefect tasks submitted to the flow's --task_runner (threads or Dask
+    workers). Built on first use, so a run without a task runner never imports Prefect for them."""
+    from prefect import task
+    from prefect.cache_policies import NO_CACHE
+
+    return (task(sharded.encode_shard, name="encode-shard", cache_policy=NO_CACHE,
+                 task_run_name="encode-{job.role}-rows-{job.lo}-{job.hi}"),
+            task(sharded.probe_dim, name="probe-model", cache_policy=NO_CACHE))
 
 
 def default_workers() -> int:
@@ -75,6 +91,13 @@ def _api_url() -> str | None:
     return str(ctx.client.api_url) if ctx is not None and ctx.client is not None else None
 
 
+def _tiny_last_batch(job: ShardJob, rows: int, batch_size: int) -> bool:
+    """Whether ``job`` holds the entry's last batch and it has fewer than 8 rows. MKL multiplies such thin matrices
+    on another code path, whose results depend on the thread count; a worker process has one thread, the flow its
+    own, so that batch is encoded here in the flow, as a single-process run does, to keep entries bit-identical."""
+    return job.hi == rows and 0 < rows % batch_size < 8
+
+
 class ShardedEncoder:
     """Encodes the image and caption entries of one evaluation through ``runner`` (see the module docstring)."""
 
@@ -94,17 +117,34 @@ class ShardedEncoder:
         key = entry_key({"model": model.resolved.identity, "precision": model.precision})
         if key not in self._dims:  # the first submission: a Dask runner connects / starts its cluster here
             try:
-                self._dims[key] = self.runner.submit(t.probe_dim, parameters={"model": model}).result()
+                self._dims[key] = self.runner.submit(shard_tasks()[1], parameters={"model": model}).result()
             except (OSError, TimeoutError) as e:
                 raise ClipcacheError(f"task_runner {self.params.task_runner}: cannot reach the workers ({e})") from e
         return self._dims[key]
 
-    def encode(self, session: ModelSession, dataset: EvalDataset, source: DatasetSource, role: str,
-               key_fields: dict[str, Any]) -> EncodeOutcome | None:
+    def encode_pair(self, session: ModelSession, task: EvalTask, prepared: Prepared,
+                    memo: FileHashMemo) -> dict[str, EncodeOutcome]:
+        """The image (and caption) entries of one pair over the task runner; what is cached already is left to the
+        task's own encode step, which finds it there."""
+        dataset: EvalDataset = prepared.data
+        roles = [role for role in task.needs if role in SHARDABLE_ROLES]
+        if not roles or not isinstance(dataset, EvalDataset):
+            return {}
+        identity = dataset.identity(memo)
+        memo.save()
+        fields = {"image": image_key_fields, "caption": caption_key_fields}
+        done = {role: self.encode(session, dataset, prepared, identity, role,
+                                  fields[role](session, identity, dataset.split, prepared.source.limit))
+                for role in roles}
+        return {role: outcome for role, outcome in done.items() if outcome is not None}
+
+    def encode(self, session: ModelSession, dataset: EvalDataset, prepared: Prepared, identity: dict[str, Any],
+               role: str, key_fields: dict[str, Any]) -> EncodeOutcome | None:
         """Encode one entry sharded; None when it is already cached (the caller's cache path takes it)."""
         key = entry_key(key_fields)
         if self.store.has(key):
             return None
+        extra: dict[str, np.ndarray] = {}
         if role == "image":
             rows = len(dataset)
             aux = {"target": dataset.labels} if dataset.labels is not None else {}
@@ -112,9 +152,11 @@ class ShardedEncoder:
                     "n_samples": len(dataset)}
             label, unit = f"encode images  {dataset.name}", "img"
         else:
-            captions, sample_index = flat_captions(dataset)
-            rows, aux = len(captions), {"sample_index": sample_index}
-            meta = {"model": session.resolved.display_name, "dataset": dataset.name, "split": dataset.split}
+            texts, caption_row, caption_sample = distinct_captions(dataset)
+            rows, aux = len(texts), {}
+            extra = {"caption_row": caption_row, "caption_sample": caption_sample}
+            meta = {"model": session.resolved.display_name, "dataset": dataset.name, "split": dataset.split,
+                    "captions": len(caption_row)}
             label, unit = f"encode captions {dataset.name}", "txt"
         plan = plan_shards(rows, self.params.batch_size, self.workers, self.params.shard_rows)
         model = self._worker_model(session)
@@ -123,17 +165,23 @@ class ShardedEncoder:
                 return None
             pending = prepare_entry(self.store, key_fields, plan, self._dim(model), {k: np.asarray(v)
                                                                                     for k, v in aux.items()})
-            jobs = [ShardJob(str(self.store.root), key, role, lo, hi, source, model, self.params.batch_size,
-                             self.params.num_workers, self.params.on_bad_image) for lo, hi in pending]
+            jobs = [ShardJob(str(self.store.root), key, role, lo, hi, prepared.source, identity, model,
+                             self.params.batch_size, self.params.num_workers, self.params.on_bad_image)
+                    for lo, hi in pending]
             encoded = 0
             with self.progress.track(label, rows, unit) as advance:
                 advance(rows - sum(hi - lo for lo, hi in pending))
-                futures = [self.runner.submit(t.encode_shard, parameters={"job": job}) for job in jobs]
+                here = [job for job in jobs if _tiny_last_batch(job, rows, self.params.batch_size)]
+                futures = [self.runner.submit(shard_tasks()[0], parameters={"job": job}) for job in jobs
+                           if job not in here]
                 from prefect.futures import as_completed
 
+                for done in [sharded.encode_shard(job) for job in here]:
+                    encoded += done.encoded
+                    advance(done.hi - done.lo)
                 for future in as_completed(futures):
                     done = future.result()
                     encoded += done.encoded
                     advance(done.hi - done.lo)
-            ref = publish_sharded(self.store, key_fields, role, plan, list(aux), meta)
+            ref = publish_sharded(self.store, key_fields, role, plan, list(aux), meta, extra)
         return EncodeOutcome(ref, cache_hit=False, resumed=len(pending) < len(plan.shards), encoded=encoded)

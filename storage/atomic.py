@@ -11,6 +11,11 @@ from typing import Any
 
 from clipcache.storage.paths import is_remote, write_via_temp
 
+# mkstemp creates files readable by their owner only; published files get the mode a plain open() would give them.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK
+
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp_path)`` then rename the temporary file over ``path`` (same directory, so the rename is atomic).
@@ -25,6 +30,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     os.close(fd)
     try:
         write(Path(tmp))
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -3,119 +3,40 @@
 Layout under the store root::
 
     embeddings/<key>.zarr/          a complete entry (immutable once published)
-        embeddings                  float32 (rows, dim), L2-normalised, chunked by CHUNK_ROWS rows, uncompressed
+        embeddings                  float32 (rows, dim), L2-normalised, chunked by chunk_rows rows, uncompressed
         position                    int64 (rows,): the input position each row came from (sample / caption / prompt)
         <aux arrays>                per-row data the scorer needs (targets, caption -> sample index, ...)
-        zarr.json attributes        key, key_fields, count, dim, per-chunk SHA-256, created_at, extra metadata
+        zarr.json attributes        key, key_fields, count, dim, per-array block SHA-256 seals, created_at, metadata,
+                                    and a seal of the attributes themselves
     embeddings/<key>.partial.zarr/  an entry being written; progress.json says how much is committed (a sharded
                                     encode keeps plan.json and shards/<lo>-<hi>.json there instead)
     locks/<key>.lock                one writer per key
+    usage/<key>                     empty marker whose mtime is the entry's last read
 
-Why this shape: a complete entry appears only through a directory rename, so a half-written entry is never readable as
-complete; a writer commits whole chunks and records them in ``progress.json`` (itself replaced atomically), so a crash
-costs at most the rows not yet committed; checksums per chunk find a damaged file on read. On an object store, which
-cannot rename, an entry is written in place and becomes complete when its group metadata (count, checksums) is
-uploaded last: one object, so readers see all or nothing. Embeddings do not compress
-(zstd saves ~9% at half the speed), so chunks are stored raw: reads run at disk speed.
+Why this shape: a complete entry appears only through a directory rename, so a half-written entry is never readable
+as complete; a writer commits by rows and by time (storage/cache_writer.py), so a crash costs little; seals on every
+array find a damaged file on read. On an object store, which cannot rename, an entry is written in place and becomes
+complete when its group metadata (count, seals) is uploaded last: one object, so readers see all or nothing.
+Embeddings do not compress (zstd saves ~9% at half the speed), so chunks are stored raw: reads run at disk speed.
+Reading (storage/cache_entry.py) and writing (storage/cache_writer.py) live in their own modules.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import zarr
 
-from clipcache.storage.atomic import atomic_write_json
+from clipcache.storage.cache_entry import ATTRS_SEAL, EmbeddingEntry, seal_attrs
+from clipcache.storage.cache_keys import AuxSpec, chunk_rows_setting, entry_key
+from clipcache.storage.cache_writer import EntryWriter
 from clipcache.storage.errors import CacheIntegrityError
-from clipcache.storage.hashing import canonical_json, digest
-from clipcache.storage.paths import AnyPath, as_path, is_remote, lock, rmtree, tree_bytes, url
+from clipcache.storage.hashing import canonical_json
+from clipcache.storage.paths import AnyPath, as_path, is_remote, lock, rmtree, touch, tree_bytes, url
 
-CHUNK_ROWS = 4096
 USAGE_DIR = "usage"  # usage/<key>: empty marker file whose mtime is the last read of the entry
-# Bump when the meaning of stored vectors changes (normalisation, dtype, row order...): old entries stop matching.
-EMBEDDING_SPEC_VERSION = 1
-
-
-@dataclass(frozen=True)
-class EmbeddingRef:
-    """A small, picklable reference to a complete cache entry (what tasks pass around instead of arrays)."""
-
-    root: str
-    key: str
-    kind: str
-    count: int
-    dim: int
-
-
-@dataclass(frozen=True)
-class AuxSpec:
-    dtype: str
-    trailing_shape: tuple[int, ...] = ()
-
-
-def entry_key(key_fields: dict[str, Any]) -> str:
-    return digest({**key_fields, "embedding_spec_version": EMBEDDING_SPEC_VERSION})
-
-
-def _chunk_digest(block: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(block).tobytes()).hexdigest()
-
-
-class EmbeddingEntry:
-    """A complete, verified entry opened for reading."""
-
-    def __init__(self, path: AnyPath, attrs: dict[str, Any]):
-        self.path = path
-        self.attrs = attrs
-        self._group = zarr.open_group(url(path), mode="r", zarr_format=3)
-
-    @property
-    def key(self) -> str:
-        return self.attrs["key"]
-
-    @property
-    def count(self) -> int:
-        return int(self.attrs["count"])
-
-    @property
-    def dim(self) -> int:
-        return int(self.attrs["dim"])
-
-    @property
-    def meta(self) -> dict[str, Any]:
-        return self.attrs.get("meta", {})
-
-    def embeddings(self, verify: bool = True) -> np.ndarray:
-        data = np.asarray(self._group["embeddings"][...])
-        if verify:
-            expected = self.attrs["chunk_sha256"]
-            blocks = [data[i * CHUNK_ROWS : (i + 1) * CHUNK_ROWS] for i in range(len(expected))]
-            # hashlib releases the GIL on large buffers: checksum chunks on a few threads.
-            with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-                digests = list(pool.map(_chunk_digest, blocks))
-            for i, (got, want) in enumerate(zip(digests, expected, strict=True)):
-                if got != want:
-                    raise CacheIntegrityError(
-                        f"cache entry {self.key} is damaged: chunk {i} of {self.path / 'embeddings'} fails its checksum; "
-                        f"delete {self.path} and run the evaluation again to re-encode it"
-                    )
-        return data
-
-    def array(self, name: str) -> np.ndarray:
-        if name not in self._group:
-            raise CacheIntegrityError(f"cache entry {self.key} has no array {name!r} ({self.path})")
-        return np.asarray(self._group[name][...])
-
-    def ref(self) -> EmbeddingRef:
-        return EmbeddingRef(url(self.path.parent.parent), self.key, self.attrs["kind"], self.count, self.dim)
 
 
 def folder_bytes(path: AnyPath) -> int:
@@ -132,8 +53,9 @@ def _complete_attrs(path: AnyPath) -> dict[str, Any] | None:
 
 
 class EmbeddingStore:
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | os.PathLike, chunk_rows: int | None = None):
         self.root = as_path(root)
+        self.chunk_rows = chunk_rows or chunk_rows_setting()
         # Object stores cannot rename a folder: entries are written where they will live (see the module docstring).
         self.in_place = is_remote(self.root)
 
@@ -145,7 +67,7 @@ class EmbeddingStore:
             return self.entry_path(key)
         return self.root / "embeddings" / f"{key}.partial.zarr"
 
-    def lock(self, key: str):
+    def lock(self, key: str) -> Any:
         return lock(self.root / "locks" / f"{key}.lock")
 
     def has(self, key: str) -> bool:
@@ -155,16 +77,11 @@ class EmbeddingStore:
 
     def last_used(self, key: str) -> float:
         marker = self.root / USAGE_DIR / key
-        return (marker if marker.exists() else self.entry_path(key) / "zarr.json").stat().st_mtime
+        return float((marker if marker.exists() else self.entry_path(key) / "zarr.json").stat().st_mtime)
 
     def touch(self, key: str) -> None:
         """Record that an entry was used now (``last_used`` for ``cache ls`` and age-based ``cache gc``)."""
-        marker = self.root / USAGE_DIR / key
-        try:
-            marker.parent.mkdir(exist_ok=True)
-            marker.touch()
-        except OSError:
-            pass  # a read-only cache still works; it just cannot record use
+        touch(self.root / USAGE_DIR / key)
 
     def _listed(self) -> list[str]:
         folder = self.root / "embeddings"
@@ -182,8 +99,8 @@ class EmbeddingStore:
 
     def resolve_prefix(self, prefix: str) -> str:
         """A full key from a unique prefix (as git does with commit ids)."""
-        matches = [k for k in self.keys() if k.startswith(prefix)]
-        if len(matches) != 1:
+        matches = [k for k in self.keys() + self.partial_keys() if k.startswith(prefix)]
+        if len(set(matches)) != 1:
             found = "no entry" if not matches else f"{len(matches)} entries"
             raise CacheIntegrityError(f"{found} in {self.root} with a key starting with {prefix!r}")
         return matches[0]
@@ -201,30 +118,37 @@ class EmbeddingStore:
         return freed
 
     def verify(self, key: str) -> list[str]:
-        """Problems found in an entry: unreadable metadata, key mismatch, chunk checksum failures, short arrays."""
+        """Problems found in an entry: unreadable or altered metadata, key mismatch, any array failing its seals."""
         try:
-            entry = self.open(key)
-            entry.embeddings(verify=True)
-            for name in entry._group.array_keys():
-                if entry._group[name].shape[0] != entry.count:
-                    return [f"array {name!r} has {entry._group[name].shape[0]} rows, expected {entry.count}"]
+            return self.open(key).verify()
         except CacheIntegrityError as e:
             return [str(e)]
-        except Exception as e:  # zarr/numcodecs raise assorted errors on damaged files; each is a finding here
-            return [f"cache entry {key} cannot be read: {type(e).__name__}: {e}"]
-        return []
 
-    def open(self, key: str, key_fields: dict[str, Any] | None = None) -> EmbeddingEntry:
-        """Open a complete entry; if ``key_fields`` is given, check the stored key is the one asked for."""
+    def _attrs(self, key: str) -> dict[str, Any]:
         path = self.entry_path(key)
         if self.in_place and not self.has(key):
             raise CacheIntegrityError(f"no complete cache entry {key} under {self.root}")
         try:
-            attrs = dict(zarr.open_group(url(path), mode="r", zarr_format=3).attrs)
+            return dict(zarr.open_group(url(path), mode="r", zarr_format=3).attrs)
         except (FileNotFoundError, zarr.errors.GroupNotFoundError) as e:
+            if path.exists():  # the folder is there but its metadata is gone: damaged, not missing
+                raise CacheIntegrityError(f"cache entry {key} is damaged: {path / 'zarr.json'} is missing; delete "
+                                          f"it with `clipcache cache verify --delete {key[:12]}` and run the "
+                                          f"evaluation again") from e
             raise CacheIntegrityError(f"no complete cache entry {key} under {self.root}") from e
-        except (ValueError, json.JSONDecodeError) as e:
-            raise CacheIntegrityError(f"cache entry {key} has unreadable metadata ({path}): {e}") from e
+        except (ValueError, json.JSONDecodeError, OSError) as e:
+            raise CacheIntegrityError(f"cache entry {key} has unreadable metadata ({path / 'zarr.json'}): {e}; delete "
+                                      f"it with `clipcache cache verify --delete {key[:12]}`") from e
+
+    def open(self, key: str, key_fields: dict[str, Any] | None = None) -> EmbeddingEntry:
+        """Open a complete entry; check its metadata seal and stored key, and (if given) that it holds the data of
+        ``key_fields``."""
+        attrs = self._attrs(key)
+        path = self.entry_path(key)
+        if ATTRS_SEAL in attrs and seal_attrs(attrs)[ATTRS_SEAL] != attrs[ATTRS_SEAL]:
+            raise CacheIntegrityError(f"cache entry {key} is damaged: the attributes in {path / 'zarr.json'} were "
+                                      f"changed after it was written; delete it with `clipcache cache verify "
+                                      f"--delete {key[:12]}` and run the evaluation again")
         stored_fields = attrs.get("key_fields")
         if attrs.get("key") != key or stored_fields is None or entry_key(stored_fields) != key:
             raise CacheIntegrityError(f"cache entry {path} does not hold the data of key {key} (stored key mismatch)")
@@ -239,171 +163,4 @@ class EmbeddingStore:
         return EntryWriter(self, key_fields, kind, capacity, aux or {})
 
 
-class EntryWriter:
-    """Writes one entry chunk by chunk; resumable after a crash. Use as a context manager (holds the key's lock).
-
-    ``start_position`` tells the caller where to resume its input stream; rows are given with their input positions.
-    """
-
-    def __init__(self, store: EmbeddingStore, key_fields: dict[str, Any], kind: str, capacity: int,
-                 aux: dict[str, AuxSpec]):
-        self.store = store
-        self.key_fields = key_fields
-        self.key = entry_key(key_fields)
-        self.kind = kind
-        self.dim: int | None = None
-        self.capacity = max(int(capacity), 1)
-        self.aux = aux
-        self._lock = store.lock(self.key)
-        self._buffers: dict[str, list[np.ndarray]] = {}
-        self.rows_committed = 0
-        self.start_position = 0
-        self.chunk_sha256: list[str] = []
-        self.resumed = False
-
-    # -- lifecycle -------------------------------------------------------------------------------------------------
-    def __enter__(self) -> EntryWriter:
-        self._lock.acquire()
-        try:
-            self.already_complete = self.store.has(self.key)
-            if not self.already_complete:
-                self._resume_or_reset()
-        except BaseException:
-            self._lock.release()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._lock.release()
-
-    @property
-    def partial(self) -> AnyPath:
-        return self.store.partial_path(self.key)
-
-    def _progress_path(self) -> AnyPath:
-        return self.partial / "progress.json"
-
-    def _resume_or_reset(self) -> None:
-        progress = self._read_progress()
-        if progress is not None:
-            self.rows_committed = progress["rows"]
-            self.start_position = progress["next_position"]
-            self.chunk_sha256 = list(progress["chunk_sha256"])
-            self.dim = int(zarr.open_group(url(self.partial), mode="r", zarr_format=3)["embeddings"].shape[1])
-            self.resumed = self.rows_committed > 0
-        elif self.partial.exists():
-            rmtree(self.partial)  # leftovers from before the first committed progress: nothing to trust
-
-    def _create_arrays(self, dim: int) -> None:
-        self.dim = dim
-        group = zarr.open_group(url(self.partial), mode="w", zarr_format=3)
-        rows = min(CHUNK_ROWS, self.capacity)  # a small entry is one small chunk, not a padded 4,096-row one
-        group.create_array("embeddings", shape=(self.capacity, dim), chunks=(rows, dim),
-                           dtype="float32", compressors=None, fill_value=0.0)
-        group.create_array("position", shape=(self.capacity,), chunks=(rows,), dtype="int64",
-                           compressors=None, fill_value=-1)
-        for name, spec in self.aux.items():
-            group.create_array(name, shape=(self.capacity, *spec.trailing_shape),
-                               chunks=(rows, *spec.trailing_shape), dtype=spec.dtype, compressors=None)
-        self._write_progress(0, 0)
-
-    def _read_progress(self) -> dict[str, Any] | None:
-        try:
-            progress = json.loads(self._progress_path().read_text())
-        except (OSError, ValueError):
-            return None
-        if progress.get("key") != self.key or progress.get("capacity") != self.capacity:
-            return None
-        return progress
-
-    def _write_progress(self, rows: int, next_position: int) -> None:
-        atomic_write_json(self._progress_path(), {
-            "key": self.key, "capacity": self.capacity, "rows": rows,
-            "next_position": next_position, "chunk_sha256": self.chunk_sha256,
-        })
-
-    # -- writing ---------------------------------------------------------------------------------------------------
-    def add(self, embeddings: np.ndarray, positions: np.ndarray, **aux: np.ndarray) -> None:
-        embeddings = np.asarray(embeddings, dtype=np.float32)
-        if self.dim is None and embeddings.ndim == 2:
-            self._create_arrays(embeddings.shape[1])
-        if embeddings.ndim != 2 or embeddings.shape[1] != self.dim:
-            raise ValueError(f"expected embeddings of shape (n, {self.dim}), got {embeddings.shape}")
-        if set(aux) != set(self.aux):
-            raise ValueError(f"expected auxiliary arrays {sorted(self.aux)}, got {sorted(aux)}")
-        self._buffers.setdefault("embeddings", []).append(embeddings)
-        self._buffers.setdefault("position", []).append(np.asarray(positions, dtype=np.int64))
-        for name, values in aux.items():
-            self._buffers.setdefault(name, []).append(np.asarray(values, dtype=self.aux[name].dtype))
-        if sum(len(b) for b in self._buffers["embeddings"]) >= CHUNK_ROWS:
-            self._flush(final=False)
-
-    def _flush(self, final: bool) -> None:
-        if not self._buffers:
-            return
-        merged = {name: np.concatenate(parts) for name, parts in self._buffers.items()}
-        n = len(merged["embeddings"])
-        n_write = n if final else (n // CHUNK_ROWS) * CHUNK_ROWS
-        if n_write == 0:
-            return
-        start, stop = self.rows_committed, self.rows_committed + n_write
-        if stop > self.capacity:
-            raise ValueError(f"entry {self.key}: {stop} rows exceed the declared capacity {self.capacity}")
-        group = zarr.open_group(url(self.partial), mode="r+", zarr_format=3)
-        for name, values in merged.items():
-            group[name][start:stop] = values[:n_write]
-        emb = merged["embeddings"][:n_write]
-        for offset in range(0, n_write, CHUNK_ROWS):
-            self.chunk_sha256.append(_chunk_digest(emb[offset : offset + CHUNK_ROWS]))
-        self.rows_committed = stop
-        self.start_position = int(merged["position"][n_write - 1]) + 1
-        self._write_progress(self.rows_committed, self.start_position)
-        self._buffers = {name: [values[n_write:]] for name, values in merged.items()} if n_write < n else {}
-
-    def finish(self, meta: dict[str, Any] | None = None) -> EmbeddingRef:
-        """Flush, trim to the rows written, record metadata and publish the entry atomically."""
-        self._flush(final=True)
-        if self.dim is None:
-            raise ValueError(f"entry {self.key}: nothing was written")
-        return publish_entry(self.store, self.key_fields, self.kind, self.rows_committed, self.dim,
-                             ["embeddings", "position", *self.aux], self.chunk_sha256, meta)
-
-
-def publish_entry(store: EmbeddingStore, key_fields: dict[str, Any], kind: str, rows: int, dim: int,
-                  arrays: list[str], chunk_sha256: list[str] | None, meta: dict[str, Any] | None,
-                  scratch: tuple[str, ...] = ("progress.json",)) -> EmbeddingRef:
-    """Trim the partial entry's arrays to ``rows``, write the metadata and make the entry complete: a directory
-    rename locally; on an object store the metadata upload itself is the commit. ``scratch`` files go afterwards.
-    ``chunk_sha256=None``: checksum the stored rows now (writers that did not see every row, e.g. sharded ones)."""
-    key = entry_key(key_fields)
-    partial = store.partial_path(key)
-    group = zarr.open_group(url(partial), mode="r+", zarr_format=3)
-    for name in arrays:
-        arr = group[name]
-        arr.resize((rows, *arr.shape[1:]))
-    if chunk_sha256 is None:
-        stored = group["embeddings"]
-        chunk_sha256 = [_chunk_digest(np.asarray(stored[lo : lo + CHUNK_ROWS])) for lo in range(0, rows, CHUNK_ROWS)]
-    group.attrs.update({
-        "key": key,
-        "key_fields": key_fields,
-        "kind": kind,
-        "count": rows,
-        "dim": dim,
-        "dtype": "float32",
-        "chunk_rows": CHUNK_ROWS,
-        "chunk_sha256": chunk_sha256,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "meta": meta or {},
-    })
-    final = store.entry_path(key)
-    if not store.in_place:
-        partial.rename(final)
-    for name in scratch:
-        target = final / name
-        if target.exists():
-            if target.is_dir():
-                rmtree(target)
-            else:
-                target.unlink()
-    return EmbeddingRef(url(store.root), key, kind, rows, dim)
+__all__ = ["AuxSpec", "EmbeddingEntry", "EmbeddingStore", "EntryWriter", "entry_key", "folder_bytes"]

@@ -82,6 +82,20 @@ class _NoLock(contextlib.nullcontext):
         pass
 
 
+def touch(path: AnyPath) -> None:
+    """Set ``path``'s modification time to now, creating it (and its folder) if needed. On an object store an
+    existing object's time only changes when it is written again, so the marker is re-uploaded. Best effort: a
+    read-only cache still works, it just cannot record use."""
+    try:
+        if is_remote(path):
+            path.fs.pipe_file(path.path, b"")
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+    except OSError:
+        pass
+
+
 def rmtree(path: AnyPath) -> None:
     if is_remote(path):
         if path.exists():
@@ -105,3 +119,30 @@ def local_dir(location: str | os.PathLike) -> Path:
     if not is_remote(path):
         return path
     return Path(os.environ.get("CLIPCACHE_LOCAL_DIR") or Path.home() / ".cache" / "clipcache")
+
+
+def check_location(location: str | os.PathLike, field: str) -> None:
+    """Fail in one line, before any work, when ``location`` cannot hold results: a local path that is (or lies under)
+    a file or cannot be created, a bucket that does not exist, an object store that cannot be reached."""
+    from clipcache.storage.errors import ConfigError
+
+    path = as_path(location)
+    if not is_remote(path):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except FileExistsError as e:
+            raise ConfigError(f"{field}: {path} is a file, not a folder") from e
+        except NotADirectoryError as e:
+            raise ConfigError(f"{field}: {path} cannot be created: a part of it is a file") from e
+        except OSError as e:
+            raise ConfigError(f"{field}: {path} cannot be created ({e.strerror})") from e
+        if not os.access(path, os.W_OK):
+            raise ConfigError(f"{field}: {path} is not writable")
+        return
+    bucket = path.path.strip("/").split("/")[0]
+    try:
+        found = path.fs.exists(bucket) if path.protocol not in ("memory",) else True
+    except Exception as e:  # fsspec backends raise their own types for unreachable endpoints
+        raise ConfigError(f"{field}: cannot reach {url(path)} ({type(e).__name__}: {str(e).splitlines()[0]})") from e
+    if not found:
+        raise ConfigError(f"{field}: bucket {bucket!r} does not exist ({url(path)}); create it or fix the URL")

@@ -22,23 +22,33 @@ from clipcache.storage.atomic import atomic_write, atomic_write_json
 from clipcache.storage.paths import AnyPath, as_path
 
 # Bump when a column changes meaning or is removed; adding a nullable column at the end does not need a bump.
-SCHEMA_VERSION = 1
+# 2: the experiment's identity (experiment_id, checkpoint, precision, sample_limit, prompts, task options) and
+#    tie counts; runs have a kind. Files of version 1 are rewritten by `clipcache results migrate`.
+SCHEMA_VERSION = 2
 
 METRIC_SCHEMA = pa.schema([
     ("run_id", pa.string()),
     ("created_at", pa.timestamp("us", tz="UTC")),
+    ("experiment_id", pa.string()),
     ("model", pa.string()),
     ("pretrained", pa.string()),
+    ("checkpoint", pa.string()),
     ("model_fingerprint", pa.string()),
     ("dataset", pa.string()),
     ("split", pa.string()),
     ("language", pa.string()),
     ("task", pa.string()),
+    ("precision", pa.string()),
+    ("sample_limit", pa.int64()),
+    ("prompts_sha256", pa.string()),
+    ("default_prompts", pa.bool_()),
+    ("task_options", pa.string()),
     ("metric", pa.string()),
     ("k", pa.int32()),
     ("value", pa.float64()),
     ("higher_is_better", pa.bool_()),
     ("n_samples", pa.int64()),
+    ("tied_queries", pa.int64()),
     ("cache_keys", pa.list_(pa.string())),
     ("clipcache_version", pa.string()),
     ("schema_version", pa.int32()),
@@ -49,6 +59,7 @@ RUN_SCHEMA = pa.schema([
     ("created_at", pa.timestamp("us", tz="UTC")),
     ("finished_at", pa.timestamp("us", tz="UTC")),
     ("status", pa.string()),
+    ("kind", pa.string()),
     ("config", pa.string()),
     ("versions", pa.string()),
     ("device", pa.string()),
@@ -105,3 +116,54 @@ def write_run_row(output_dir: str | Path, row: dict[str, Any]) -> Path:
             row[field] = json.dumps(row.get(field), sort_keys=True, default=str)
     path = warehouse_dir(output_dir) / "runs" / f"{row['run_id']}.parquet"
     return _write_table(path, [row], RUN_SCHEMA)
+
+
+TABLES = {"metrics": METRIC_SCHEMA, "runs": RUN_SCHEMA}
+# The columns of schema version 1 (clipcache 0.1): a migration keeps every one of them unchanged.
+V1_COLUMNS = {
+    "metrics": ("run_id", "created_at", "model", "pretrained", "model_fingerprint", "dataset", "split", "language",
+                "task", "metric", "k", "value", "higher_is_better", "n_samples", "cache_keys", "clipcache_version"),
+    "runs": ("run_id", "created_at", "finished_at", "status", "config", "versions", "device", "durations",
+             "clipcache_version"),
+}
+
+
+def covered_files(folder: AnyPath) -> set[str]:
+    """Names of files whose rows live on in a compacted file (storage/compaction.py)."""
+    names: set[str] = set()
+    for f in folder.glob("compacted-*.parquet"):
+        with f.open("rb") as fh:
+            column = pq.read_table(fh, columns=[SOURCE_COLUMN]).column(SOURCE_COLUMN)
+        names.update(v for v in pa.compute.unique(column).to_pylist() if v)
+    return names
+
+
+def visible_files(folder: AnyPath) -> list[AnyPath]:
+    """Published result files whose rows are not already in a compacted file (temporary files are never listed)."""
+    if not folder.exists():
+        return []
+    hidden = covered_files(folder)
+    return [f for f in sorted(folder.glob("*.parquet")) if f.name not in hidden]
+
+
+REQUIRED_COLUMNS = {"metrics": {"run_id", "model", "dataset", "task", "metric", "value"},
+                    "runs": {"run_id", "status", "created_at"}}
+
+
+def file_problem(path: AnyPath, table: str) -> str | None:
+    """Why a result file cannot be part of ``table`` (unreadable, not Parquet, foreign columns), or None."""
+    try:
+        with path.open("rb") as fh:
+            names = set(pq.read_schema(fh).names)
+    except (OSError, pa.ArrowException) as e:
+        return f"{path}: not a readable Parquet file ({e})"
+    missing = REQUIRED_COLUMNS[table] - names
+    if missing:
+        return f"{path}: not a clipcache {table} file (no column {', '.join(sorted(missing))})"
+    return None
+
+
+def schema_versions(path: AnyPath) -> set[int]:
+    with path.open("rb") as fh:
+        table = pq.read_table(fh, columns=["schema_version"])
+    return {int(v) for v in pa.compute.unique(table.column("schema_version")).to_pylist() if v is not None}

@@ -1,49 +1,134 @@
-"""SQL over the results: a DuckDB connection with the views ``metrics`` and ``runs`` over the Parquet files.
+"""SQL over the results: a DuckDB connection whose views are the Parquet files under ``<output_dir>/warehouse``.
 
-DuckDB reads the Parquet files in place (no load step). A connection's views cover the files published when it was
-opened, minus those a compacted file has absorbed (storage/compaction.py); files being written have temporary names
-and are never listed. Open a new connection to see runs that finished later.
+Views:
+
+- ``runs``: one row per run (status ``completed`` or ``failed``); a run row is written last, when the run ends.
+- ``metrics``: the metric rows of completed runs: a run's rows become visible together with its run row, and rows of
+  failed or killed runs never count.
+- ``metrics_all``: every metric row with its run's ``status`` (null: no run row, i.e. killed before it ended).
+- ``leaderboard``: per (model, checkpoint, dataset, split, language, task, precision, metric, k), the value of the
+  latest completed reference run: full data (no sample limit), the dataset's own prompts, default task settings.
+  Limited runs and what-ifs stay in ``metrics`` with their options as columns and never reach it.
+
+DuckDB reads the files in place (no load step). A connection sees the files published when it was opened, minus
+those a compacted file has absorbed (storage/compaction.py). ``read_only=True`` (what ``clipcache query`` uses)
+allows only SELECT statements, and DuckDB itself may read no file outside the warehouse, write nothing and change no
+setting, so a query tool wired into dashboards can read the results and nothing else.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 import duckdb
 import pyarrow as pa
 
+from clipcache.storage.errors import ResultsError
 from clipcache.storage.paths import AnyPath, is_remote, url
-from clipcache.storage.results import METRIC_SCHEMA, RUN_SCHEMA, warehouse_dir
+from clipcache.storage.results import TABLES, file_problem, visible_files, warehouse_dir
+
+LEADERBOARD_GRAIN = ("model", "checkpoint", "dataset", "split", "language", "task", "precision", "metric")
+LEADERBOARD_COLUMNS = ("model", "pretrained", "checkpoint", "dataset", "split", "language", "task", "precision",
+                       "metric", "k", "value", "n_samples", "tied_queries", "run_id", "created_at", "experiment_id")
+ALLOWED_STATEMENTS = ("SELECT", "EXPLAIN")
 
 
-def visible_files(folder: AnyPath) -> list[AnyPath]:
-    """Published result files whose rows are not already in a compacted file."""
-    from clipcache.storage.compaction import covered_files
+class Warehouse:
+    """A connection plus what was found while opening it (files left out because they cannot be read)."""
 
-    if not folder.exists():
-        return []
-    hidden = covered_files(folder)
-    return [f for f in sorted(folder.glob("*.parquet")) if f.name not in hidden]
+    def __init__(self, con: duckdb.DuckDBPyConnection, damaged: dict[str, list[str]]):
+        self.con = con
+        self.damaged = damaged  # table -> problems, one line each
 
-
-def _view(con: duckdb.DuckDBPyConnection, name: str, folder: AnyPath, schema: pa.Schema) -> None:
-    files = visible_files(folder)
-    if files:
-        paths = ", ".join("'" + url(f).replace("'", "''") + "'" for f in files)
-        columns = ", ".join(schema.names)
-        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT {columns} FROM read_parquet([{paths}], "
-                    f"union_by_name = true)")
-    else:  # an empty, typed view, so queries work before the first run
-        con.register(f"_{name}_empty", schema.empty_table())
-        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{name}_empty")
+    def problems_for(self, sql: str) -> list[str]:
+        """Damaged files of the tables ``sql`` reads (the views built on metrics read the metric files)."""
+        text = sql.lower()
+        uses = {"metrics": any(v in text for v in ("metrics", "leaderboard")),
+                "runs": any(v in text for v in ("runs", "metrics", "leaderboard"))}
+        return [p for table, problems in self.damaged.items() if uses[table] for p in problems]
 
 
-def connect(output_dir: str | Path = "outputs", database: str = ":memory:") -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection where ``metrics`` and ``runs`` are the results under ``output_dir``."""
+def _quoted(files: list[AnyPath]) -> str:
+    return ", ".join("'" + url(f).replace("'", "''") + "'" for f in files)
+
+
+DUCKDB_TYPES = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE",
+                pa.bool_(): "BOOLEAN", pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ", pa.list_(pa.string()): "VARCHAR[]"}
+
+
+def _table_view(con: duckdb.DuckDBPyConnection, name: str, folder: AnyPath) -> list[str]:
+    """``CREATE VIEW name`` over the table's readable files; returns the problems of files it had to leave out.
+    Columns that no file has yet (files of an older release) read as typed nulls."""
+    schema: pa.Schema = TABLES[name]
+    files, problems = visible_files(folder), []
+    for _ in range(2):
+        if not files:
+            con.register(f"_{name}_empty", schema.empty_table())  # a typed empty view: queries work before any run
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{name}_empty")
+            return problems
+        try:
+            con.execute(f"CREATE OR REPLACE VIEW _{name}_files AS SELECT * FROM read_parquet([{_quoted(files)}], "
+                        f"union_by_name = true)")
+            present = {row[0] for row in con.sql(f"DESCRIBE _{name}_files").fetchall()}
+            columns = ", ".join(f.name if f.name in present else f"CAST(NULL AS {DUCKDB_TYPES[f.type]}) AS {f.name}"
+                                for f in schema)
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT {columns} FROM _{name}_files")
+            return problems
+        except duckdb.Error:  # find the culprits (only now: in the common case nothing is read twice)
+            checked = [(f, file_problem(f, name)) for f in files]
+            problems += [p for _, p in checked if p]
+            files = [f for f, p in checked if p is None]
+            if not problems:
+                raise
+    raise ResultsError(f"cannot read the {name} files under {folder}")
+
+
+def _derived_views(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("ALTER VIEW metrics RENAME TO _metric_rows")
+    con.execute("CREATE VIEW metrics_all AS SELECT m.*, r.status FROM _metric_rows m LEFT JOIN runs r USING (run_id)")
+    con.execute("CREATE VIEW metrics AS SELECT m.* FROM _metric_rows m SEMI JOIN "
+                "(SELECT run_id FROM runs WHERE status = 'completed') USING (run_id)")
+    partition = ", ".join(LEADERBOARD_GRAIN) + ", coalesce(k, -1)"
+    con.execute(f"CREATE VIEW leaderboard AS SELECT {', '.join(LEADERBOARD_COLUMNS)} FROM metrics "
+                f"WHERE sample_limit IS NULL AND default_prompts AND task_options = '{{}}' "
+                f"QUALIFY row_number() OVER (PARTITION BY {partition} ORDER BY created_at DESC, run_id DESC) = 1")
+
+
+def open_warehouse(output_dir: str | os.PathLike = "outputs", read_only: bool = False,
+                   database: str = ":memory:") -> Warehouse:
     con = duckdb.connect(database)
     root = warehouse_dir(output_dir)
     if is_remote(root):  # DuckDB reads s3://, gs://, memory://... through the same fsspec filesystem we write with
         con.register_filesystem(root.fs)
-    _view(con, "metrics", root / "metrics", METRIC_SCHEMA)
-    _view(con, "runs", root / "runs", RUN_SCHEMA)
-    return con
+    damaged = {name: _table_view(con, name, root / name) for name in TABLES}
+    _derived_views(con)
+    if read_only:
+        prefix = url(root).rstrip("/") + "/"
+        con.execute(f"SET allowed_directories = ['{prefix.replace(chr(39), chr(39) * 2)}']")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    return Warehouse(con, {k: v for k, v in damaged.items() if v})
+
+
+def connect(output_dir: str | os.PathLike = "outputs", database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with the views ``metrics``, ``metrics_all``, ``runs`` and ``leaderboard`` over the results
+    under ``output_dir``. Raises ResultsError naming any result file that cannot be read."""
+    warehouse = open_warehouse(output_dir, database=database)
+    problems = [p for lines in warehouse.damaged.values() for p in lines]
+    if problems:
+        raise ResultsError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                           + "; `clipcache results verify` lists every such file")
+    return warehouse.con
+
+
+def check_read_only(sql: str) -> None:
+    """Refuse anything but SELECT / EXPLAIN (no COPY, ATTACH, CREATE, SET, INSERT...)."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as e:
+        raise ResultsError(f"query failed: {str(e).splitlines()[0]}") from e
+    for statement in statements:
+        kind = statement.type.name
+        if kind not in ALLOWED_STATEMENTS:
+            raise ResultsError(f"query: {kind} statements are not allowed; clipcache query only reads the results "
+                               f"(pass --allow_writes to lift this)")

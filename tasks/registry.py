@@ -1,7 +1,8 @@
-"""A small generic registry: names to objects, registered by decorator or as lazy ``"module:attr"`` strings.
+"""A small generic registry: names to objects, registered by decorator, as lazy ``"module:attr"`` strings, or by
+other installed packages through a Python entry point group.
 
-Lazy strings keep ``import tasks`` light (no torch until a model is actually loaded). Unknown names get a
-"Did you mean" hint; registering a name twice is an error.
+Lazy strings keep imports light (no torch until a model is actually loaded). Entry points are read on first use of a
+registry that names a group. Unknown names get a "Did you mean" hint; registering a name twice is an error.
 """
 
 from __future__ import annotations
@@ -9,16 +10,19 @@ from __future__ import annotations
 import difflib
 import importlib
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str, error: type[Exception] = KeyError):
+    def __init__(self, kind: str, error: type[Exception] = KeyError, entry_point_group: str | None = None):
         self.kind = kind
         self.error = error
+        self.entry_point_group = entry_point_group
         self._entries: dict[str, T | str] = {}
+        self._origin: dict[str, str] = {}
+        self._plugins_loaded = entry_point_group is None
 
     def register(self, name: str, obj: T | str | None = None) -> Callable[[T], T] | None:
         """``registry.register("x", obj)``, ``registry.register("x", "pkg.mod:attr")`` or ``@registry.register("x")``."""
@@ -32,30 +36,58 @@ class Registry(Generic[T]):
 
         return decorator
 
-    def _add(self, name: str, obj: T | str) -> None:
+    def _add(self, name: str, obj: T | str, origin: str = "clipcache") -> None:
         if name in self._entries:
-            raise ValueError(f"{self.kind} {name!r} is already registered")
+            raise ValueError(f"{self.kind} {name!r} is already registered (by {self._origin.get(name, 'clipcache')})")
         self._entries[name] = obj
+        self._origin[name] = origin
 
-    def __contains__(self, name: str) -> bool:
+    def _load_plugins(self) -> None:
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=self.entry_point_group or ""):
+            origin = f"entry point {ep.name} = {ep.value} ({ep.dist.name if ep.dist else 'unknown package'})"
+            if ep.name in self._entries:
+                raise self.error(f"{origin} registers {self.kind} {ep.name!r}, which is already registered by "
+                                 f"{self._origin[ep.name]}")
+            self._add(ep.name, ep.value, origin)
+
+    def __contains__(self, name: object) -> bool:
+        self._load_plugins()
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._entries))
+        return iter(self.names())
 
     def names(self) -> list[str]:
+        self._load_plugins()
         return sorted(self._entries)
 
+    def origin(self, name: str) -> str:
+        self._load_plugins()
+        return self._origin[name]
+
     def suggest(self, name: str) -> str:
-        close = difflib.get_close_matches(name, self._entries.keys(), n=3, cutoff=0.6)
+        close = difflib.get_close_matches(name, self.names(), n=3, cutoff=0.6)
         return f" Did you mean: {', '.join(close)}?" if close else ""
 
     def get(self, name: str) -> T:
+        self._load_plugins()
         if name not in self._entries:
             raise self.error(f"Unknown {self.kind} {name!r}.{self.suggest(name)}")
         obj = self._entries[name]
         if isinstance(obj, str):
             module, _, attr = obj.partition(":")
-            obj = getattr(importlib.import_module(module), attr)
+            try:
+                obj = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as e:
+                raise self.error(f"{self.kind} {name!r} ({self._origin[name]}) cannot be imported: "
+                                 f"{type(e).__name__}: {e}") from e
             self._entries[name] = obj
         return obj  # type: ignore[return-value]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(name, self.get(name)) for name in self.names()]

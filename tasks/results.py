@@ -1,4 +1,8 @@
-"""Turn one evaluation's metrics into result files: evalscope JSON, clip_benchmark JSON, long-format Parquet rows."""
+"""One experiment's metrics as result files: evalscope JSON, clip_benchmark JSON, long-format Parquet rows.
+
+The row's shape is defined once, by ``storage.results.METRIC_SCHEMA``: the experiment's columns
+(``Experiment.columns``), then one row per (metric, k).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ from datetime import datetime
 from pathlib import Path
 
 from clipcache.storage.errors import ConfigError
-from clipcache.storage.paths import as_path
+from clipcache.storage.experiment import Experiment, slug
+from clipcache.storage.paths import AnyPath, as_path
 from clipcache.storage.results import json_safe_metrics, write_json, write_metric_rows
 from clipcache.tasks.models.spec import ModelSpec
 from clipcache.tasks.score.metrics import split_metric_name
@@ -24,66 +29,70 @@ def clipcache_version() -> str:
         return "0+unknown"
 
 
-def dataset_slug(name: str) -> str:
-    return name.replace("/", "_")
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: str
+    created_at: datetime
 
 
-def evalscope_result_path(output_dir: str | Path, spec: ModelSpec, dataset: str, task: str) -> Path:
-    """``<output_dir>/<model basename>/<dataset>_<task>.json`` (evalscope's layout)."""
-    return as_path(output_dir) / spec.basename / f"{dataset_slug(dataset)}_{task}.json"
-
-
-def clip_benchmark_output_path(template: str, spec: ModelSpec, dataset: str, task: str, language: str) -> Path:
+def clip_benchmark_output_path(template: str, spec: ModelSpec, experiment: Experiment) -> AnyPath:
     """clip_benchmark's ``--output`` template fields: model, pretrained, pretrained_full_path, task, dataset, language."""
     pretrained = spec.pretrained or ""
     is_file = bool(pretrained) and os.path.isfile(pretrained)
-    bare = dataset[len("wds/"):] if dataset.startswith("wds/") else dataset
+    dataset = experiment.dataset.removeprefix("wds/")
     try:
         return as_path(template.format(
             model=spec.model_name.replace("/", "_"), pretrained=os.path.basename(pretrained) if is_file else pretrained,
-            pretrained_full_path=pretrained.replace("/", "_"), task=task, dataset=dataset_slug(bare),
-            language=language))
+            pretrained_full_path=pretrained.replace("/", "_"), task=experiment.task, dataset=slug(dataset),
+            language=experiment.language))
     except (KeyError, IndexError, ValueError) as e:
         raise ConfigError(f"output: {template!r} is not a valid template (placeholders: {{model}}, {{pretrained}}, "
                           f"{{pretrained_full_path}}, {{task}}, {{dataset}}, {{language}})") from e
 
 
-@dataclass
-class PairContext:
-    run_id: str
-    created_at: datetime
-    spec: ModelSpec
-    model_fingerprint: str
-    dataset: str
-    split: str
-    language: str
-    task: str
-
-
-def metric_rows(ctx: PairContext, metrics: dict[str, float], n_samples: int, cache_keys: list[str]) -> list[dict]:
+def metric_rows(run: RunInfo, experiment: Experiment, model_fingerprint: str, metrics: dict[str, float],
+                tied: dict[str, int], n_samples: int, cache_keys: list[str]) -> list[dict]:
+    common = {"run_id": run.run_id, "created_at": run.created_at, **experiment.columns(),
+              "model_fingerprint": model_fingerprint, "n_samples": n_samples, "cache_keys": cache_keys,
+              "clipcache_version": clipcache_version()}
     rows = []
     for flat, value in metrics.items():
         info, k = split_metric_name(flat)
-        rows.append({
-            "run_id": ctx.run_id, "created_at": ctx.created_at, "model": ctx.spec.model_name,
-            "pretrained": ctx.spec.pretrained, "model_fingerprint": ctx.model_fingerprint, "dataset": ctx.dataset,
-            "split": ctx.split, "language": ctx.language, "task": ctx.task, "metric": info.name, "k": k,
-            "value": None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value),
-            "higher_is_better": info.higher_is_better, "n_samples": n_samples, "cache_keys": cache_keys,
-            "clipcache_version": clipcache_version(),
-        })
+        rows.append({**common, "metric": info.name, "k": k, "higher_is_better": info.higher_is_better,
+                     "value": None if value is None or (isinstance(value, float) and math.isnan(value)) else
+                     float(value), "tied_queries": tied.get(flat)})
     return rows
 
 
-def write_pair_results(ctx: PairContext, metrics: dict[str, float], n_samples: int, cache_keys: list[str],
+def result_payload(spec: ModelSpec, experiment: Experiment, metrics: dict[str, float]) -> dict:
+    """evalscope's four keys first; then what tells this experiment apart (read back by --skip_existing)."""
+    return {"dataset": experiment.dataset, "model": spec.model_name, "task": experiment.task,
+            "metrics": json_safe_metrics(metrics), "pretrained": experiment.pretrained,
+            "language": experiment.language, "experiment_id": experiment.id, "experiment": experiment.as_dict()}
+
+
+def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, model_fingerprint: str,
+                       metrics: dict[str, float], tied: dict[str, int], n_samples: int, cache_keys: list[str],
                        output_dir: str, output_template: str | None) -> list[Path]:
-    safe = json_safe_metrics(metrics)
-    paths = [write_json(evalscope_result_path(output_dir, ctx.spec, ctx.dataset, ctx.task), {
-        "dataset": ctx.dataset, "model": ctx.spec.model_name, "task": ctx.task, "metrics": safe})]
+    paths = [write_json(experiment.result_path(output_dir), result_payload(spec, experiment, metrics))]
     if output_template:
-        path = clip_benchmark_output_path(output_template, ctx.spec, ctx.dataset, ctx.task, ctx.language)
-        paths.append(write_json(path, {
-            "dataset": ctx.dataset, "model": ctx.spec.model_name, "pretrained": ctx.spec.pretrained,
-            "task": ctx.task, "metrics": safe, "language": ctx.language}))
-    paths.append(write_metric_rows(output_dir, ctx.run_id, metric_rows(ctx, metrics, n_samples, cache_keys)))
+        paths.append(write_json(clip_benchmark_output_path(output_template, spec, experiment), {
+            "dataset": experiment.dataset, "model": spec.model_name, "pretrained": spec.pretrained,
+            "task": experiment.task, "metrics": json_safe_metrics(metrics), "language": experiment.language}))
+    rows = metric_rows(run, experiment, model_fingerprint, metrics, tied, n_samples, cache_keys)
+    paths.append(write_metric_rows(output_dir, run.run_id, rows))
     return paths
+
+
+def existing_result(experiment: Experiment, output_dir: str) -> AnyPath | None:
+    """The result file of exactly this experiment, if one was written (``--skip_existing``)."""
+    import json
+
+    path = experiment.result_path(output_dir)
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    # a file written by clipcache 0.1 has no id: it is this experiment only if it is the reference one
+    return path if saved.get("experiment_id", experiment.id if experiment.is_reference else None) == experiment.id \
+        else None

@@ -18,6 +18,7 @@ def main() -> None:
     from clipcache.storage.hashing import FileHashMemo
     from clipcache.tasks.datasets.shapes import load_shapes
     from clipcache.tasks.encode.stage import ModelSession, encode_images, image_key_fields
+    from clipcache.tasks.evaluation.base import EncodeSettings
     from clipcache.tasks.models.resolve import resolve_model
     from clipcache.tasks.models.spec import ModelSpec
     from clipcache.tasks.progress import StageProgress
@@ -28,7 +29,7 @@ def main() -> None:
                            False, "fp32")
     ds = load_shapes("shapes", "zeroshot_classification", "test", None, size=n)
     out = encode_images(session, ds, EmbeddingStore(cache), image_key_fields(session, ds.identity(memo), "test", None),
-                        batch_size, 1, "error", StageProgress(enabled=False))
+                        EncodeSettings(batch_size, 1, "error"), StageProgress(enabled=False))
     print(out.ref.key, out.resumed, out.encoded, flush=True)
 
 

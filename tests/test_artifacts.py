@@ -24,4 +24,4 @@ def test_evaluate_publishes_a_metrics_table_and_a_summary(prefect_server, tmp_pa
     rows = tables[0].data if isinstance(tables[0].data, list) else json.loads(tables[0].data)
     assert {r["metric"] for r in rows} == {"acc1", "acc5", "mean_per_class_recall"}
     summaries = [a for a in read_artifacts("evaluate-summary") if result.run_id in str(a.data)]
-    assert len(summaries) == 1 and "shapes_zeroshot_classification.json" in str(summaries[0].data)
+    assert len(summaries) == 1 and "shapes_zeroshot_classification.limit20.json" in str(summaries[0].data)

@@ -9,12 +9,12 @@ import torch
 
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.hashing import FileHashMemo
-from clipcache.tasks.datasets import open_dataset
+from clipcache.tasks.datasets import default_task
 from clipcache.tasks.encode.stage import ModelSession
-from clipcache.tasks.evaluation import EncodeOptions, encode_dataset, score_dataset
+from clipcache.tasks.evaluation import evaluate_one
+from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, ScoreSettings
 from clipcache.tasks.models.resolve import resolve_model
 from clipcache.tasks.models.spec import ModelSpec
-from clipcache.tasks.progress import StageProgress
 
 from conftest import REPO
 
@@ -23,10 +23,9 @@ def evaluate_bundled(tmp_path, name):
     memo = FileHashMemo(None)
     session = ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo), torch.device("cpu"), False,
                            "fp32")
-    ds = open_dataset(name, None, "test", None)
-    store = EmbeddingStore(tmp_path)
-    encoded = encode_dataset(session, ds, ds.task, store, memo, EncodeOptions(128, 2), StageProgress(enabled=False))
-    return score_dataset(store, encoded, [5]).metrics, len(ds)
+    scored = evaluate_one(default_task(name, None), session, DataSource(name), EmbeddingStore(tmp_path), memo,
+                          EncodeSettings(128, 2), ScoreSettings(recall_k=(5,)))
+    return scored.metrics, scored.n_samples
 
 
 def test_held_out_classification_over_30_classes(tmp_path):

@@ -4,6 +4,7 @@ safety with real processes, damage detection, and the `clipcache cache` commands
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import torch
 from clipcache.flows.cli import main
 from clipcache.flows.evaluate import evaluate, rescore
 from clipcache.flows.params import EvaluateParams
-from clipcache.storage.embedding_store import CHUNK_ROWS, EmbeddingStore, entry_key
+from clipcache.storage.embedding_store import EmbeddingStore, entry_key
 from clipcache.storage.errors import CacheIntegrityError, ClipcacheError
 from clipcache.storage.hashing import FileHashMemo
 from clipcache.storage.text_pool import TextPool
@@ -136,14 +137,18 @@ def test_every_key_field_changes_the_image_key(tmp_path, tiny_model_dir):
     assert entry_key(caption_key_fields(s, {"content": "x"}, "test", None)) != base
 
 
+CHUNK_ROWS = 512  # the workers' chunk setting: small, so a kill lands after a committed chunk within seconds
+
+
 def run_worker(cache, n, batch_size, **popen):
+    env = {**os.environ, "CLIPCACHE_CHUNK_ROWS": str(CHUNK_ROWS), **popen.pop("env", {})}
     return subprocess.Popen([sys.executable, str(WORKER), str(cache), str(n), str(batch_size)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **popen)
 
 
 @pytest.mark.slow
 def test_sigkill_mid_encode_resumes_from_the_last_chunk_bit_identical(tmp_path):
-    n, batch = 10_000, 48  # 48 does not divide the 4,096-row chunk: resumption must realign batches
+    n, batch = 2_000, 48  # 48 does not divide the 512-row chunk: resumption must realign batches
     cache = tmp_path / "killed"
     proc = run_worker(cache, n, batch)
     progress_files = lambda: list((cache / "embeddings").glob("*.partial.zarr/progress.json"))  # noqa: E731
@@ -195,7 +200,7 @@ def test_damaged_chunk_is_found_by_reads_and_verify_and_re_encoded_on_request(pr
     raw = bytearray(chunk.read_bytes())
     raw[100] ^= 0xFF  # flip bits on disk, behind zarr's back
     chunk.write_bytes(bytes(raw))
-    with pytest.raises(CacheIntegrityError, match=f"{image_key}.*chunk 0"):
+    with pytest.raises(CacheIntegrityError, match=f"{image_key}.*embeddings/c/0/0"):
         store.open(image_key).embeddings()
     assert main(["cache", "--cache_dir", str(store.root), "verify"]) == 1
     assert f"damaged {image_key}" in capsys.readouterr().out

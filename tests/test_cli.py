@@ -37,26 +37,30 @@ def test_eval_writes_every_output_and_second_run_is_a_cache_hit(prefect_server, 
     code, out, err = cli(capsys, *args, dirs=dirs)
     assert code == 0, err
     assert "encoded" in out and "acc1" in out
-    cls = json.loads((dirs["out"] / "tiny-shapes-clip" / "shapes_zeroshot_classification.json").read_text())
+    # --limit makes its own experiment: a result file of its own, never the full run's
+    cls = json.loads((dirs["out"] / "tiny-shapes-clip" / "shapes_zeroshot_classification.limit90.json").read_text())
     assert cls["dataset"] == "shapes" and cls["model"] == "tiny-shapes-clip"
     assert cls["task"] == "zeroshot_classification"
     assert set(cls["metrics"]) == {"acc1", "acc5", "mean_per_class_recall"}
     assert cls["metrics"]["acc1"] > 0.5  # 30 classes: chance is 0.033
-    ret = json.loads((dirs["out"] / "tiny-shapes-clip" / "shapes_retrieval_zeroshot_retrieval.json").read_text())
+    ret = json.loads((dirs["out"] / "tiny-shapes-clip" /
+                      "shapes_retrieval_zeroshot_retrieval.limit90.json").read_text())
     assert set(ret["metrics"]) == {f"{d}_retrieval_recall@{k}" for d in ("image", "text") for k in (1, 5)}
     cb = json.loads((dirs["out"] / "cb_shapes_tiny-shapes-clip_zeroshot_classification_en.json").read_text())
     assert set(cb) == {"dataset", "model", "pretrained", "task", "metrics", "language"}
     rows = pq.read_table(dirs["out"] / "warehouse" / "metrics").to_pylist()
     assert len(rows) == 3 + 4
     acc5 = next(r for r in rows if r["metric"] == "acc" and r["k"] == 5)
-    assert acc5["n_samples"] == 90 and acc5["higher_is_better"] and acc5["schema_version"] == 1
+    assert acc5["n_samples"] == 90 and acc5["higher_is_better"] and acc5["schema_version"] == 2
+    assert acc5["sample_limit"] == 90 and acc5["experiment_id"] == cls["experiment_id"] and acc5["default_prompts"]
     assert acc5["created_at"].tzinfo is not None and len(acc5["cache_keys"]) == 2
     runs = pq.read_table(dirs["out"] / "warehouse" / "runs").to_pylist()
     assert runs[0]["status"] == "completed"
 
     code, out, _ = cli(capsys, *args, dirs=dirs)
     assert code == 0 and out.count("cache hit") == 2 and "encoded" not in out
-    again = json.loads((dirs["out"] / "tiny-shapes-clip" / "shapes_zeroshot_classification.json").read_text())
+    again = json.loads((dirs["out"] / "tiny-shapes-clip" /
+                        "shapes_zeroshot_classification.limit90.json").read_text())
     assert again == cls
 
 
@@ -84,10 +88,11 @@ def test_run_task_with_evalscope_config_and_custom_dataset(prefect_server, tmp_p
         "limit": 8}}}
     results = run_task(task_cfg)
     assert results[0]["task"] == "zeroshot_retrieval"
-    path = tmp_path / "outputs" / "tiny-shapes-clip" / "custom_zeroshot_retrieval.json"
+    path = tmp_path / "outputs" / "tiny-shapes-clip" / "custom_zeroshot_retrieval.limit8.json"
     saved = json.loads(path.read_text())
-    assert saved == {"dataset": "custom", "model": f"local-dir:{tiny_model_dir}", "task": "zeroshot_retrieval",
-                     "metrics": results[0]["metrics"]}
+    assert {k: saved[k] for k in ("dataset", "model", "task", "metrics")} == {
+        "dataset": "custom", "model": f"local-dir:{tiny_model_dir}", "task": "zeroshot_retrieval",
+        "metrics": results[0]["metrics"]}
     # the same config as a YAML file through `clipcache run`; skip_existing now skips the finished pair
     task_cfg["eval_config"]["eval"]["skip_existing"] = True
     cfg_file = tmp_path / "task_cfg.yaml"

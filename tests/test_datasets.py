@@ -157,6 +157,7 @@ def test_empty_shards_and_all_bad_images_are_clear_errors(tmp_path):
 
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.tasks.encode.stage import ModelSession, encode_images
+    from clipcache.tasks.evaluation.base import EncodeSettings
     from clipcache.tasks.progress import StageProgress
 
     root = write_wds(tmp_path / "empty", "classification", 4, shards=1)
@@ -174,5 +175,5 @@ def test_empty_shards_and_all_bad_images_are_clear_errors(tmp_path):
     session = ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), FileHashMemo(None)),
                            t.device("cpu"), False, "fp32")
     with pytest.raises(DatasetError, match="none of its 3 images could be decoded"):
-        encode_images(session, ds, EmbeddingStore(tmp_path / "c"), {"k": 1}, 2, 0, "skip",
+        encode_images(session, ds, EmbeddingStore(tmp_path / "c"), {"k": 1}, EncodeSettings(2, 0, "skip"),
                       StageProgress(enabled=False))

@@ -95,7 +95,7 @@ def test_eval_downloads_a_catalog_dataset_by_name(prefect_server, hub, tmp_path,
     args = ["eval", "--model", "tiny-shapes-clip", "--dataset", "vtab_cifar10", "--limit", "20", "--quiet",
             "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]
     assert main(args) == 0
-    assert (tmp_path / "out" / "tiny-shapes-clip" / "vtab_cifar10_zeroshot_classification.json").exists()
+    assert (tmp_path / "out" / "tiny-shapes-clip" / "vtab_cifar10_zeroshot_classification.limit20.json").exists()
     assert main([*args, "--offline"]) == 0 and "cache hit" in capsys.readouterr().out
 
 

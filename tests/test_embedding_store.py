@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import zarr
 
-from clipcache.storage.embedding_store import CHUNK_ROWS, AuxSpec, EmbeddingStore, entry_key
+from clipcache.storage.cache_entry import seal_attrs
+from clipcache.storage.embedding_store import AuxSpec, EmbeddingStore, entry_key
 from clipcache.storage.errors import CacheIntegrityError
 
+CHUNK_ROWS = 256  # small chunks: several per test entry, and fast
 FIELDS = {"role": "image", "model": {"name": "m"}, "dataset": {"content": "abc"}, "split": "test", "limit": None}
 
 
@@ -28,7 +30,7 @@ def write(store, fields, data, positions=None, batch=1000, fail_after=None, aux=
 
 
 def test_round_trip_across_chunk_boundaries(tmp_path):
-    store = EmbeddingStore(tmp_path)
+    store = EmbeddingStore(tmp_path, chunk_rows=CHUNK_ROWS)
     data = np.random.default_rng(0).normal(size=(2 * CHUNK_ROWS + 123, 8)).astype(np.float32)
     targets = np.arange(len(data)) % 7
     ref, _ = write(store, FIELDS, data, aux=targets)
@@ -37,7 +39,8 @@ def test_round_trip_across_chunk_boundaries(tmp_path):
     np.testing.assert_array_equal(entry.array("target"), targets)
     np.testing.assert_array_equal(entry.array("position"), np.arange(len(data)))
     assert (entry.count, entry.dim, entry.meta) == (len(data), 8, {"note": "x"})
-    assert len(entry.attrs["chunk_sha256"]) == 3
+    assert {name: len(seals) for name, seals in entry.attrs["chunk_sha256"].items()} == \
+        {"embeddings": 3, "position": 3, "target": 3}
     assert ref.key == entry_key(FIELDS) and store.has(ref.key)
 
 
@@ -50,48 +53,51 @@ def test_every_key_field_changes_the_key():
 
 
 def test_stored_key_is_verified_on_read(tmp_path):
-    store = EmbeddingStore(tmp_path)
+    store = EmbeddingStore(tmp_path, chunk_rows=CHUNK_ROWS)
     ref, _ = write(store, FIELDS, np.ones((10, 4), np.float32))
     with pytest.raises(CacheIntegrityError, match="different inputs"):
         store.open(ref.key, {**FIELDS, "split": "train"})
     # Tamper with the stored key fields: the digest no longer matches the entry name.
     group = zarr.open_group(str(store.entry_path(ref.key)), mode="r+")
     group.attrs["key_fields"] = {**FIELDS, "split": "other"}
+    with pytest.raises(CacheIntegrityError, match="attributes in .*zarr.json were changed"):
+        store.open(ref.key)
+    group.attrs.update(seal_attrs(dict(group.attrs)))  # re-sealed: the key check still catches it
     with pytest.raises(CacheIntegrityError, match="stored key mismatch"):
         store.open(ref.key)
 
 
 def test_corrupted_chunk_is_detected(tmp_path):
-    store = EmbeddingStore(tmp_path)
+    store = EmbeddingStore(tmp_path, chunk_rows=CHUNK_ROWS)
     data = np.random.default_rng(1).normal(size=(CHUNK_ROWS + 5, 4)).astype(np.float32)
     ref, _ = write(store, FIELDS, data)
     arr = zarr.open_array(str(store.entry_path(ref.key) / "embeddings"), mode="r+")
     arr[CHUNK_ROWS + 1, 2] = 42.0  # silently change one value in chunk 1
-    with pytest.raises(CacheIntegrityError, match="chunk 1"):
+    with pytest.raises(CacheIntegrityError, match="embeddings/c/1/0"):
         store.open(ref.key).embeddings()
 
 
 def test_interrupted_write_is_invisible_then_resumes_bit_identical(tmp_path):
-    store = EmbeddingStore(tmp_path)
+    store = EmbeddingStore(tmp_path, chunk_rows=CHUNK_ROWS)
     data = np.random.default_rng(2).normal(size=(3 * CHUNK_ROWS + 10, 6)).astype(np.float32)
     with pytest.raises(KeyboardInterrupt):
-        write(store, FIELDS, data, batch=1000, fail_after=6000)
+        write(store, FIELDS, data, batch=100, fail_after=600)
     key = entry_key(FIELDS)
     assert not store.has(key) and store.partial_path(key).exists()
     with pytest.raises(CacheIntegrityError):
         store.open(key)
     progress = json.loads((store.partial_path(key) / "progress.json").read_text())
-    assert progress["rows"] == CHUNK_ROWS and progress["next_position"] == CHUNK_ROWS
-    ref, writer = write(store, FIELDS, data, batch=1000)
+    assert progress["rows"] == 2 * CHUNK_ROWS and progress["next_position"] == 2 * CHUNK_ROWS
+    ref, writer = write(store, FIELDS, data, batch=100)
     assert writer.resumed
     np.testing.assert_array_equal(store.open(ref.key).embeddings(), data)
-    clean = EmbeddingStore(tmp_path / "clean")
+    clean = EmbeddingStore(tmp_path / "clean", chunk_rows=CHUNK_ROWS)
     ref2, _ = write(clean, FIELDS, data)
     assert store.open(ref.key).attrs["chunk_sha256"] == clean.open(ref2.key).attrs["chunk_sha256"]
 
 
 def test_skipped_positions_are_recorded(tmp_path):
-    store = EmbeddingStore(tmp_path)
+    store = EmbeddingStore(tmp_path, chunk_rows=CHUNK_ROWS)
     data = np.ones((5, 3), np.float32)
     positions = np.array([0, 1, 3, 4, 7])
     ref, _ = write(store, FIELDS, data, positions=positions)

@@ -48,7 +48,7 @@ def test_language_on_a_webdataset_source_end_to_end(prefect_server, tmp_path):
     params = EvaluateParams(models=[{"model_name": "tiny-shapes-clip"}], datasets=["wds/imagenet-a"],
                             dataset_root=str(root), language="cn", output_dir=str(tmp_path / "o"),
                             cache_dir=str(tmp_path / "c"), verbose=False, output=str(tmp_path / "cb.json"))
-    en = evaluate(params.model_copy(update={"language": "en", "output": None}))[0]
+    en = evaluate(params.model_copy(update={"language": ["en"], "output": None}))[0]
     cn = evaluate(params)[0]
     assert cn.metrics != en.metrics and en.cache_hit is False and not cn.resumed
     assert json.loads((tmp_path / "cb.json").read_text())["language"] == "cn"

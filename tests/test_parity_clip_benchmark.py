@@ -17,12 +17,12 @@ from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
 
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.hashing import FileHashMemo
-from clipcache.tasks.datasets import open_dataset
+from clipcache.tasks.datasets import default_task
 from clipcache.tasks.encode.stage import ModelSession
-from clipcache.tasks.evaluation import EncodeOptions, encode_dataset, score_dataset, select_task
+from clipcache.tasks.evaluation import evaluate_one
+from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, ScoreSettings
 from clipcache.tasks.models.resolve import resolve_model
 from clipcache.tasks.models.spec import ModelSpec
-from clipcache.tasks.progress import StageProgress
 
 
 def clip_benchmark_metrics(model_dir, root, task, batch_size=16, recall_k=(1, 5, 10)):
@@ -42,11 +42,9 @@ def clipcache_metrics(tmp_path, root, batch_size=16, recall_k=(1, 5, 10), num_wo
     memo = FileHashMemo(None)
     resolved = resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo)
     session = ModelSession(resolved, torch.device("cpu"), amp=False, precision="fp32")
-    ds = open_dataset("wds/fixture", str(root), "test", None)
-    store = EmbeddingStore(tmp_path / "cache")
-    encoded = encode_dataset(session, ds, select_task(ds, "auto"), store, memo,
-                             EncodeOptions(batch_size, num_workers), StageProgress(enabled=False))
-    return score_dataset(store, encoded, list(recall_k)).metrics
+    return evaluate_one(default_task("wds/fixture", str(root)), session, DataSource("wds/fixture", str(root)),
+                        EmbeddingStore(tmp_path / "cache"), memo, EncodeSettings(batch_size, num_workers),
+                        ScoreSettings(recall_k=tuple(recall_k), batch_size=batch_size)).metrics
 
 
 def assert_same(ours, theirs, tolerance=0.0):

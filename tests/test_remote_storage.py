@@ -108,7 +108,7 @@ def test_evaluate_with_cache_and_results_on_s3(prefect_server, s3_endpoint, buck
 
     keys = _object_keys(s3_endpoint, bucket)
     assert any(k.startswith("cache/embeddings/") and k.endswith(".zarr/zarr.json") for k in keys)
-    assert "results/tiny-shapes-clip/shapes_zeroshot_classification.json" in keys
+    assert "results/tiny-shapes-clip/shapes_zeroshot_classification.limit96.json" in keys
     assert any(k.startswith("results/warehouse/metrics/") for k in keys)
     assert not any(".partial" in k or k.endswith("progress.json") for k in keys)
 
@@ -130,7 +130,7 @@ def test_evaluate_with_cache_and_results_on_s3(prefect_server, s3_endpoint, buck
     listing = capsys.readouterr().out
     assert all(k[:12] in listing for k in store.keys())
     assert main(["cache", "--cache_dir", f"s3://{bucket}/cache", "verify"]) == 0
-    payload = json.loads(as_path(f"s3://{bucket}/results/tiny-shapes-clip/shapes_zeroshot_classification.json")
+    payload = json.loads(as_path(f"s3://{bucket}/results/tiny-shapes-clip/shapes_zeroshot_classification.limit96.json")
                          .read_text())
     assert payload["metrics"]["acc1"] == pytest.approx(expected[0].metrics["acc1"])
 
@@ -141,3 +141,36 @@ def test_local_only_commands_name_the_field_for_urls(capsys):
     assert main(["report", "--output_dir", "s3://bucket/results"]) == 2
     err = capsys.readouterr().err
     assert "output_dir: " in err and "must be a local folder" in err and "Traceback" not in err
+
+
+def test_reads_on_s3_refresh_last_used_and_gc_keeps_what_was_read_in_its_window(s3_endpoint, bucket, tmp_path,
+                                                                                 monkeypatch, capsys):
+    import time
+
+    from clipcache.flows.cli import main
+
+    monkeypatch.setenv("CLIPCACHE_LOCAL_DIR", str(tmp_path / "local"))
+    cache, out = f"s3://{bucket}/cache", f"s3://{bucket}/results"
+    base = ["--model", "tiny-shapes-clip", "--limit", "16", "--cache_dir", cache, "--output_dir", out, "--quiet"]
+    assert main(["eval", *base, "--dataset", "shapes", "shapes_retrieval"]) == 0
+    store = EmbeddingStore(cache)
+    written = {k: store.last_used(k) for k in store.keys()}
+    time.sleep(3)
+    assert main(["rescore", *base, "--dataset", "shapes"]) == 0  # reads the shapes entries (and the prompt pool)
+    read = {k for k in store.keys() if store.last_used(k) > written[k] + 2}
+    assert read and read != set(written)
+    capsys.readouterr()
+    assert main(["cache", "--cache_dir", cache, "gc", "--older_than", "2s"]) == 0
+    assert set(EmbeddingStore(cache).keys()) == read  # what was read within the window is kept, the rest freed
+
+
+def test_a_missing_bucket_is_one_line(s3_endpoint, tmp_path, monkeypatch, capsys):
+    from clipcache.flows.cli import main
+
+    monkeypatch.setenv("CLIPCACHE_LOCAL_DIR", str(tmp_path / "local"))
+    code = main(["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "4", "--quiet",
+                 "--cache_dir", "s3://no-such-bucket-here/cache", "--output_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code != 0 and "no-such-bucket-here" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out" / "warehouse" / "metrics").exists()

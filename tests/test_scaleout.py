@@ -90,8 +90,11 @@ def test_interrupted_sharded_encode_redoes_only_missing_shards(prefect_server, s
             raise ClipcacheError("worker lost")
         return real(job)
 
+    from clipcache.flows.scaleout import shard_tasks
+
+    encode_shard_task = shard_tasks()[0]
     monkeypatch.setattr(sharded, "encode_shard", crash_on_fifth)
-    monkeypatch.setattr("clipcache.tasks.prefect_tasks.encode_shard.fn", crash_on_fifth)
+    monkeypatch.setattr(encode_shard_task, "fn", crash_on_fifth)
     with pytest.raises(ClipcacheError, match="worker lost"):
         evaluate(params)
     store = EmbeddingStore(tmp_path / "cache")
@@ -99,7 +102,7 @@ def test_interrupted_sharded_encode_redoes_only_missing_shards(prefect_server, s
     done_before = set(calls) - {128}
 
     calls.clear()
-    monkeypatch.setattr("clipcache.tasks.prefect_tasks.encode_shard.fn", lambda job: (calls.append(job.lo), real(job))[1])
+    monkeypatch.setattr(encode_shard_task, "fn", lambda job: (calls.append(job.lo), real(job))[1])
     result = evaluate(params)[0]
     assert result.resumed and 128 in calls
     assert not (set(calls) & done_before), "finished shards were encoded again"

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 
 from clipcache.flows.cli import main
 from clipcache.storage.compaction import compact, table_checksum
+from clipcache.storage.experiment import Experiment
 from clipcache.storage.results import new_run_id, warehouse_dir, write_metric_rows, write_run_row
 from clipcache.storage.warehouse import connect
 
@@ -23,20 +25,35 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def metric_row(run_id, created_at, model="m", dataset="d", task="zeroshot_classification", metric="acc", k=1,
-               value=0.5, higher=True):
-    return {"run_id": run_id, "created_at": created_at, "model": model, "pretrained": None, "model_fingerprint": "f",
-            "dataset": dataset, "split": "test", "language": "en", "task": task, "metric": metric, "k": k,
-            "value": value, "higher_is_better": higher, "n_samples": 10, "cache_keys": ["a", "b"],
-            "clipcache_version": "0.1.0"}
+               value=0.5, higher=True, pretrained=None, limit=None, default_prompts=True):
+    experiment = Experiment(model=model, checkpoint=f"tag:{pretrained or 'none'}", dataset=dataset, split="test",
+                            language="en", task=task, sample_limit=limit, default_prompts=default_prompts,
+                            prompts=None if default_prompts else "ab" * 32, pretrained=pretrained)
+    return {"run_id": run_id, "created_at": created_at, **experiment.columns(), "model_fingerprint": "f",
+            "metric": metric, "k": k, "value": value, "higher_is_better": higher, "n_samples": 10,
+            "cache_keys": ["a", "b"], "clipcache_version": "0.2.0"}
 
 
-def write_run(out, when, rows):
+def write_run(out, when, rows, status="completed"):
     run_id = new_run_id()
     write_metric_rows(out, run_id, [metric_row(run_id, when, **r) for r in rows])
-    write_run_row(out, {"run_id": run_id, "created_at": when, "finished_at": when, "status": "completed",
-                        "config": {"x": 1}, "versions": {}, "device": "cpu", "durations": {},
-                        "clipcache_version": "0.1.0"})
+    write_run_row(out, {"run_id": run_id, "created_at": when, "finished_at": when, "status": status,
+                        "kind": "evaluate", "config": {"x": 1}, "versions": {}, "device": "cpu", "durations": {},
+                        "clipcache_version": "0.2.0"})
     return run_id
+
+
+def add_everything_else(out):
+    """What a real warehouse also holds: a second checkpoint, a limited smoke run, a what-if, text retrieval rows
+    and a failed run; none of the extra runs may change the leaderboard's values of the first checkpoint."""
+    late = T0 + timedelta(days=3)
+    write_run(out, late, [{"model": "model-a", "pretrained": "epoch_32.pt@0f0f0f0f", "dataset": "cls",
+                           "value": 0.5}])
+    write_run(out, late, [{"model": "model-a", "dataset": "cls", "value": 0.99, "limit": 100}])
+    write_run(out, late, [{"model": "model-a", "dataset": "cls", "value": 0.98, "default_prompts": False}])
+    write_run(out, late, [{"model": "minilm", "dataset": "beir", "task": "text_retrieval", "metric": "ndcg", "k": 10,
+                           "value": 0.42}])
+    write_run(out, late, [{"model": "model-a", "dataset": "cls", "value": 0.97}], status="failed")
 
 
 @pytest.fixture
@@ -101,6 +118,8 @@ def test_compaction_keeps_every_row_and_runs_beside_concurrent_writers(history):
     thread = threading.Thread(target=writer)
     thread.start()
     try:
+        while len(written) < 4:  # compact while the writer is busy, with its first files already there
+            time.sleep(0.01)
         report = compact(history, "metrics")
     finally:
         stop.set()
@@ -130,18 +149,29 @@ def test_interrupted_compaction_hides_leftovers(history, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_dbt_build_and_report_in_a_real_browser(history, tmp_path):
-    from clipcache.flows.report import ReportParams, report
+    from clipcache.flows.launch import report
+    from clipcache.flows.reporting import ReportParams
 
+    add_everything_else(history)
     with_compaction = compact(history, "metrics")  # the marts must read compacted warehouses too
     assert with_compaction.files_after == 1
     html_path = Path(report(ReportParams(output_dir=str(history))))
     page = html_path.read_text()
-    assert "model-b" in page and "regressed" in page and "<svg" in page
+    assert "model-b" in page and "regressed" in page and "<svg" in page and "epoch_32.pt@0f0f0f0f" in page
     import duckdb
 
     con = duckdb.connect(str(history / "report" / "reports.duckdb"))
-    board = dict(((m, d), v) for m, d, v in con.sql("select model, dataset, main_value from leaderboard").fetchall())
-    assert board[("model-b", "cls")] == pytest.approx(0.60)  # the latest night, not the better first one
+    board = {(m, p, d): v for m, p, d, v in
+             con.sql("select model, pretrained, dataset, main_value from leaderboard").fetchall()}
+    assert board[("model-b", None, "cls")] == pytest.approx(0.60)  # the latest night, not the better first one
+    # the limited run, the what-if and the failed run never become the value; the other checkpoint is its own row
+    assert board[("model-a", None, "cls")] == pytest.approx(0.72)
+    assert board[("model-a", "epoch_32.pt@0f0f0f0f", "cls")] == pytest.approx(0.5)
+    assert board[("minilm", None, "beir")] == pytest.approx(0.42)
+    # the same rule as the warehouse's own leaderboard view
+    view = {(m, p, d): v for m, p, d, v in connect(history).sql(
+        "select model, pretrained, dataset, value from leaderboard where metric = 'acc' and k = 1").fetchall()}
+    assert view == {k: v for k, v in board.items() if k[2] == "cls"}
     assert con.sql("select count(*) from metric_history where regressed and model = 'model-b' and metric = 'acc' "
                    "and k = 1").fetchall() == [(1,)]
     con.close()

@@ -54,9 +54,12 @@ def known_names() -> list[str]:
     return DATASETS.names() + sorted(catalog())
 
 
-def check_name(name: str) -> None:
-    """Raise a "Did you mean" error for a name that can never resolve (before any work starts)."""
+def check_name(name: str, dataset_root: str | None = None) -> None:
+    """Raise a "Did you mean" error for a name that can never resolve (before any work starts). Any name of a BEIR
+    folder goes (text retrieval)."""
     if name.startswith(WDS_PREFIX) or name in DATASETS or name in catalog():
+        return
+    if dataset_root and default_task(name, dataset_root) == "text_retrieval":
         return
     import difflib
 
@@ -64,6 +67,24 @@ def check_name(name: str) -> None:
     hint = f" Did you mean: {', '.join(close)}?" if close else " Use wds/<name> with --dataset_root for a local " \
                                                                "webdataset folder, or custom with a data_dir."
     raise DatasetError(f"Unknown dataset {name!r}.{hint}")
+
+
+def default_task(name: str, dataset_root: str | None) -> str:
+    """The task a dataset is evaluated with under ``--task auto``, found without indexing it: the registry and the
+    catalog say, a BEIR folder is text retrieval, a webdataset folder says in dataset_type.txt."""
+    root = format_root(dataset_root, name[len(WDS_PREFIX):] if name.startswith(WDS_PREFIX) else name) \
+        if dataset_root else None
+    if root is not None and (root / "corpus.jsonl").is_file() and (root / "queries.jsonl").is_file():
+        return "text_retrieval"
+    if name in REGISTERED_TASKS:
+        return REGISTERED_TASKS[name]
+    if root is not None and (root / "dataset_type.txt").is_file():
+        kind = (root / "dataset_type.txt").read_text(encoding="utf-8").strip().lower()
+        return "zeroshot_retrieval" if kind == "retrieval" else "zeroshot_classification"
+    bare = name[len(WDS_PREFIX):] if name.startswith(WDS_PREFIX) else name
+    if bare in catalog():
+        return catalog()[bare]["task"]
+    return "zeroshot_classification"
 
 
 def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | None, hub: str = "huggingface",

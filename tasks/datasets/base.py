@@ -105,6 +105,13 @@ class ClassPrompts:
         """Class-major prompt list: row ``c * len(templates) + t`` is ``templates[t].format(c=classnames[c])``."""
         return [t.format(c=c) for c in self.classnames for t in self.templates]
 
+    @property
+    def sha256(self) -> str:
+        """Content hash of the class names and templates (what identifies prompts in results)."""
+        from clipcache.storage.hashing import digest
+
+        return digest({"classnames": self.classnames, "templates": self.templates})
+
 
 @dataclass
 class EvalDataset(ABC):
@@ -117,6 +124,7 @@ class EvalDataset(ABC):
     captions: list[list[str]] | None = None  # per sample, for retrieval
     prompts: ClassPrompts | None = None
     multilabel: bool = False
+    languages: tuple[str, ...] = ("en",)  # the languages its captions / class names exist in
 
     @abstractmethod
     def __len__(self) -> int: ...

@@ -27,13 +27,16 @@ import numpy as np
 import zarr
 
 from clipcache.storage.atomic import atomic_write_json
-from clipcache.storage.embedding_store import CHUNK_ROWS, EmbeddingRef, EmbeddingStore, entry_key, publish_entry
+from clipcache.storage.cache_keys import EmbeddingRef, chunk_rows_setting, entry_key
+from clipcache.storage.cache_writer import publish_entry
+from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import DatasetError, ModelError
 from clipcache.storage.hashing import FileHashMemo, canonical_json
 from clipcache.storage.paths import rmtree, url
 from clipcache.tasks.datasets.base import EvalDataset
-from clipcache.tasks.encode.stage import ModelSession, iter_image_batches
-from clipcache.tasks.models.resolve import ResolvedModel
+from clipcache.tasks.encode.stage import ModelSession, distinct_captions, iter_image_batches
+from clipcache.tasks.evaluation.base import DataSource
+from clipcache.tasks.models.loader import ResolvedModel
 
 log = logging.getLogger("clipcache.encode")
 
@@ -56,26 +59,11 @@ def plan_shards(rows: int, batch_size: int, workers: int, shard_rows: int | None
         shard_rows = min(SHARD_ROWS_CAP, ceil(rows / max(1, 2 * workers)))
     per_shard = max(1, ceil(shard_rows / batch_size))  # batches per shard
     shard_rows = per_shard * batch_size
-    # chunk = batch_size * d with d dividing per_shard and the chunk at most CHUNK_ROWS rows (or one batch).
-    limit = max(1, CHUNK_ROWS // batch_size)
+    # chunk = batch_size * d with d dividing per_shard and the chunk at most chunk_rows rows (or one batch).
+    limit = max(1, chunk_rows_setting() // batch_size)
     d = max(x for x in range(1, min(per_shard, limit) + 1) if per_shard % x == 0)
     shards = tuple((lo, min(lo + shard_rows, rows)) for lo in range(0, rows, shard_rows))
     return ShardPlan(rows, batch_size * d, shards)
-
-
-@dataclass(frozen=True)
-class DatasetSource:
-    """How a worker opens the dataset (the arguments of ``tasks.datasets.open_dataset``) and what it must
-    find there (the coordinator's dataset identity)."""
-
-    name: str
-    dataset_root: str | None
-    split: str
-    limit: int | None
-    hub: str
-    data_dir: str | None
-    offline: bool
-    identity: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -94,7 +82,8 @@ class ShardJob:
     role: Literal["image", "caption"]
     lo: int
     hi: int
-    source: DatasetSource
+    source: DataSource
+    identity: dict[str, Any]  # the coordinator's dataset identity: the worker must find the same data
     model: WorkerModel
     batch_size: int
     num_workers: int
@@ -150,29 +139,19 @@ def _gpu_of_this_worker() -> str:
     return "auto"
 
 
-def worker_dataset(source: DatasetSource) -> EvalDataset:
-    from clipcache.tasks.datasets import open_dataset
-
+def worker_dataset(source: DataSource, identity: dict[str, Any]) -> EvalDataset:
     key = canonical_json(asdict(source))
     with _lock:
         if key not in _datasets:
-            dataset = open_dataset(source.name, source.dataset_root, source.split, source.limit, source.hub,
-                                   source.data_dir, source.offline)
+            dataset = source.open()
             memo = FileHashMemo(Path(source.data_dir) / "file_hashes.json" if source.data_dir else None)
             found = dataset.identity(memo)
             memo.save()
-            if canonical_json(found) != canonical_json(source.identity):
+            if canonical_json(found) != canonical_json(identity):
                 raise DatasetError(f"dataset {source.name!r} on this worker differs from the flow's (its files hash "
                                    f"differently): workers must see the same data")
             _datasets[key] = dataset
         return _datasets[key]
-
-
-def flat_captions(dataset: EvalDataset) -> tuple[list[str], np.ndarray]:
-    """Every caption in sample order, and the sample each belongs to (the row order of caption entries)."""
-    captions = [c for caps in dataset.captions for c in caps]
-    sample_index = np.repeat(np.arange(len(dataset.captions), dtype=np.int64), [len(c) for c in dataset.captions])
-    return captions, sample_index
 
 
 def _marker(store: EmbeddingStore, key: str, lo: int, hi: int):
@@ -186,7 +165,7 @@ def encode_shard(job: ShardJob) -> ShardDone:
     if marker.exists():
         done = json.loads(marker.read_text())
         return ShardDone(job.lo, job.hi, 0, tuple(done["skipped"]), cached=True)
-    dataset = worker_dataset(job.source)
+    dataset = worker_dataset(job.source, job.identity)
     model = worker_session(job.model).model
     group = zarr.open_group(url(store.partial_path(job.key)), mode="r+", zarr_format=3)
     skipped: list[int] = []
@@ -203,7 +182,7 @@ def encode_shard(job: ShardJob) -> ShardDone:
             if batch.pixels is not None:
                 out[batch.indices - job.lo] = model.encode_images(batch.pixels)
     else:
-        texts = flat_captions(dataset)[0][job.lo : job.hi]
+        texts = distinct_captions(dataset)[0][job.lo : job.hi]
         out = np.concatenate([model.encode_texts(texts[i : i + job.batch_size])
                               for i in range(0, len(texts), job.batch_size)]).astype(np.float32, copy=False)
     group["embeddings"][job.lo : job.hi] = out
@@ -249,7 +228,8 @@ def prepare_entry(store: EmbeddingStore, key_fields: dict[str, Any], plan: Shard
 
 
 def publish_sharded(store: EmbeddingStore, key_fields: dict[str, Any], kind: str, plan: ShardPlan,
-                    aux_names: list[str], meta: dict[str, Any]) -> EmbeddingRef:
+                    aux_names: list[str], meta: dict[str, Any],
+                    extra_arrays: dict[str, np.ndarray] | None = None) -> EmbeddingRef:
     """Check every shard is done, drop skipped rows, checksum and publish. Call with the key's lock held."""
     key = entry_key(key_fields)
     skipped: list[int] = []
@@ -270,4 +250,4 @@ def publish_sharded(store: EmbeddingStore, key_fields: dict[str, Any], kind: str
         if rows == 0:
             raise DatasetError(f"dataset {meta.get('dataset')!r}: none of its {plan.rows} images could be decoded")
     return publish_entry(store, key_fields, kind, rows, int(group["embeddings"].shape[1]), names, None, meta,
-                         scratch=("plan.json", "shards"))
+                         scratch=("plan.json", "shards"), extra_arrays=extra_arrays)

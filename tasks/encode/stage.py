@@ -17,13 +17,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from clipcache.storage.embedding_store import AuxSpec, EmbeddingRef, EmbeddingStore, entry_key
+from clipcache.storage.cache_keys import AuxSpec, EmbeddingRef, entry_key
+from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import digest
 from clipcache.storage.text_pool import PoolLookup, TextPool, text_sha256
 from clipcache.tasks.datasets.base import EvalDataset
+from clipcache.tasks.evaluation.base import CacheMissError, EncodeSettings
 from clipcache.tasks.models.base import EmbeddingModel
-from clipcache.tasks.models.resolve import ResolvedModel, load_model
+from clipcache.tasks.models.loader import ResolvedModel
+from clipcache.tasks.models.resolve import load_model
 from clipcache.tasks.progress import StageProgress
 
 log = logging.getLogger("clipcache.encode")
@@ -56,6 +59,10 @@ class EncodeOutcome:
     resumed: bool = False
     encoded: int = 0
 
+    @property
+    def keys(self) -> list[str]:
+        return [self.ref.key]
+
 
 def image_key_fields(session: ModelSession, dataset_identity: dict[str, Any], split: str, limit: int | None) -> dict:
     return {"role": "image", "model": session.resolved.identity, "precision": session.precision,
@@ -63,8 +70,26 @@ def image_key_fields(session: ModelSession, dataset_identity: dict[str, Any], sp
 
 
 def caption_key_fields(session: ModelSession, dataset_identity: dict[str, Any], split: str, limit: int | None) -> dict:
+    """Caption entries hold each distinct caption text once (``layout: distinct``) plus the caption -> row and
+    caption -> sample maps."""
     return {"role": "caption", "model": session.resolved.identity, "precision": session.precision,
-            "dataset": dataset_identity, "split": split, "limit": limit}
+            "dataset": dataset_identity, "split": split, "limit": limit, "layout": "distinct"}
+
+
+def require_cached(store: EmbeddingStore, fields: dict, what: str, missing: list[str]) -> bool:
+    if store.has(entry_key(fields)):
+        return True
+    missing.append(what)
+    return False
+
+
+def check_cached(store: EmbeddingStore, wanted: list[tuple[dict, str]]) -> None:
+    """Raise CacheMissError listing every (key fields, description) not in the cache."""
+    missing: list[str] = []
+    for fields, what in wanted:
+        require_cached(store, fields, what, missing)
+    if missing:
+        raise CacheMissError(missing)
 
 
 def prompt_pool_fields(session: ModelSession) -> dict:
@@ -81,6 +106,10 @@ class PromptOutcome:
     @property
     def cache_hit(self) -> bool:
         return self.encoded == 0
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.lookup.batch_keys)
 
 
 def encode_prompts(session: ModelSession, prompts: list[str], store: EmbeddingStore, batch_size: int,
@@ -161,7 +190,7 @@ def _cache_hit(store: EmbeddingStore, key_fields: dict) -> EncodeOutcome:
 
 
 def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingStore, key_fields: dict,
-                  batch_size: int, num_workers: int, on_bad_image: str, progress: StageProgress) -> EncodeOutcome:
+                  settings: EncodeSettings, progress: StageProgress) -> EncodeOutcome:
     if store.has(entry_key(key_fields)):
         return _cache_hit(store, key_fields)
     aux: dict[str, AuxSpec] = {}
@@ -175,14 +204,15 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
         # Resume at the start of the batch that held `start` and drop the rows already committed: batches then have
         # exactly the composition of an uninterrupted run, so the vectors are bit-identical (batched matmuls need
         # not give the same bits for a row in a batch of another size).
+        batch_size = settings.batch_size
         batches = iter_image_batches(dataset, model.image_transform, (start // batch_size) * batch_size,
-                                     batch_size, num_workers)
+                                     batch_size, settings.num_workers)
         encoded = 0
         with progress.track(f"encode images  {dataset.name}", len(dataset), "img") as advance:
             advance(start)
             for batch in batches:
                 errors = [(i, message) for i, message in batch.errors if i >= start]
-                if errors and on_bad_image == "error":
+                if errors and settings.on_bad_image == "error":
                     raise DatasetError(f"{errors[0][1]} (use --on_bad_image skip to skip such images)")
                 for _, message in errors:
                     log.warning("skipping: %s", message)
@@ -204,7 +234,8 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
 
 def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore, key_fields: dict, kind: str,
                  batch_size: int, progress: StageProgress, label: str, aux_values: dict[str, np.ndarray] | None = None,
-                 meta: dict[str, Any] | None = None) -> EncodeOutcome:
+                 meta: dict[str, Any] | None = None,
+                 extra_arrays: dict[str, np.ndarray] | None = None) -> EncodeOutcome:
     if not texts:
         raise DatasetError(f"{label}: there are no {kind}s to encode")
     if store.has(entry_key(key_fields)):
@@ -225,5 +256,26 @@ def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore,
                 writer.add(model.encode_texts(texts[lo:hi])[first - lo:], np.arange(first, hi, dtype=np.int64),
                            **{name: v[first:hi] for name, v in aux_values.items()})
                 advance(hi - first)
-        ref = writer.finish(meta={"model": session.resolved.display_name, **(meta or {})})
+        ref = writer.finish(meta={"model": session.resolved.display_name, **(meta or {})}, extra_arrays=extra_arrays)
     return EncodeOutcome(ref, cache_hit=False, resumed=start > 0, encoded=len(texts) - start)
+
+
+def distinct_captions(dataset: EvalDataset) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(distinct caption texts in first-seen order, row of each caption among them, sample of each caption).
+    COCO and Flickr repeat captions exactly, templated sets far more: each text is encoded once."""
+    rows: dict[str, int] = {}
+    caption_row, caption_sample = [], []
+    for sample, captions in enumerate(dataset.captions):
+        for text in captions:
+            caption_row.append(rows.setdefault(text, len(rows)))
+            caption_sample.append(sample)
+    return list(rows), np.asarray(caption_row, dtype=np.int64), np.asarray(caption_sample, dtype=np.int64)
+
+
+def encode_captions(session: ModelSession, dataset: EvalDataset, store: EmbeddingStore, key_fields: dict,
+                    settings: EncodeSettings, progress: StageProgress) -> EncodeOutcome:
+    """The caption entry of a retrieval dataset: one row per distinct text, and the maps back to captions."""
+    texts, caption_row, caption_sample = distinct_captions(dataset)
+    return encode_texts(session, texts, store, key_fields, "caption", settings.batch_size, progress, dataset.name,
+                        meta={"dataset": dataset.name, "split": dataset.split, "captions": len(caption_row)},
+                        extra_arrays={"caption_row": caption_row, "caption_sample": caption_sample})

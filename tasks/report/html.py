@@ -120,12 +120,15 @@ def curve_svg(series: dict[str, list[tuple[int, float]]]) -> str:
 def render_report(database: Path, out: Path, history_rows: int = 200) -> Path:
     # dbt-duckdb may still hold this file open in this process; a second connection must use the same config.
     con = duckdb.connect(str(database))
+    # model_label: the model, its checkpoint label and a non-fp32 precision (two checkpoints are two rows)
     summary = con.sql("select model, pretrained, n_datasets, macro_average, newest_result from model_summary "
                       "order by macro_average desc nulls last").fetchall()
-    board = con.sql("select model, dataset, task, main_metric, main_value, n_samples, run_id, created_at "
+    board = con.sql("select model_label, dataset, task, main_metric, main_value, n_samples, run_id, created_at "
                     "from leaderboard order by dataset, main_value desc nulls last").fetchall()
-    curves = con.sql("select model, dataset, direction, k, value from retrieval_curves order by dataset, k").fetchall()
-    history = con.sql(f"select created_at, model, dataset, metric, k, previous_value, value, delta, regressed, improved "
+    curves = con.sql("select model_label, dataset, direction, k, value from retrieval_curves "
+                     "order by dataset, k").fetchall()
+    history = con.sql(f"select created_at, model || coalesce(' @ ' || pretrained, ''), dataset, metric, k, "
+                      f"previous_value, value, delta, regressed, improved "
                       f"from metric_history where previous_value is not null "
                       f"order by regressed desc, improved desc, created_at desc limit {int(history_rows)}").fetchall()
     n_regressed = con.sql("select count(*) from metric_history where regressed").fetchall()[0][0]
@@ -145,8 +148,9 @@ def render_report(database: Path, out: Path, history_rows: int = 200) -> Path:
         "<h2>Models (macro average of each dataset's main metric)</h2>",
         _table(["model", "pretrained", "datasets", "macro average", "newest result"],
                [[_e(m), _e(p), str(n), _num(v), _when(t)] for m, p, n, v, t in summary], {2, 3}),
-        "<h2>Leaderboard</h2><p class='muted'>Main metric: acc1 for classification (mAP for multilabel), mean of "
-        "text→image and image→text recall@5 for retrieval.</p>",
+        "<h2>Leaderboard</h2><p class='muted'>Latest complete run on the full data with the dataset's own prompts, "
+        "per model checkpoint. Main metric: acc1 for classification (mAP for multilabel), mean of text→image and "
+        "image→text recall@5 for retrieval, nDCG@10 for text retrieval.</p>",
         _table(["model", "dataset", "task", "main metric", "value", "n", "run", "created"],
                [[_e(m), _e(d), _e(t), _e(mm), _num(v), _e(n), _e(r), _when(c)] for m, d, t, mm, v, n, r, c in board],
                {4, 5}),

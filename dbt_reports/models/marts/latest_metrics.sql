@@ -1,12 +1,19 @@
--- The rows of the most recent run of each (model, pretrained, dataset, split, language, task).
-with ranked as (
+-- The leaderboard's rows: per (model, checkpoint, dataset, split, language, task, precision) the latest completed
+-- reference run (full data, the dataset's own prompts, default task settings), as the warehouse's `leaderboard`
+-- view chooses them. Limited runs and what-ifs stay in stg_metrics and never get here.
+with reference as (
+    select *
+    from {{ ref('stg_metrics') }}
+    where sample_limit is null and default_prompts and task_options = '{}'
+),
+ranked as (
     select
         *,
         dense_rank() over (
-            partition by model, coalesce(pretrained, ''), dataset, split, language, task
+            partition by model, checkpoint, dataset, split, language, task, precision
             order by created_at desc, run_id desc
         ) as recency
-    from {{ ref('stg_metrics') }}
+    from reference
 )
 select * exclude (recency)
 from ranked

@@ -1,41 +1,38 @@
--- One row per (model, dataset) of the latest runs with the task's main metric:
---   classification: acc1 (mean_average_precision for multilabel datasets, which have no acc rows)
---   retrieval: mean of image_retrieval_recall@5 and text_retrieval_recall@5
-with per_pair as (
+-- One row per (model, checkpoint, dataset, split, language, task, precision) of the latest reference runs, with the
+-- task's main metric. Each task declares its main metric (clipcache.tasks.evaluation; passed in as the var
+-- `main_metrics`): the rows of the lowest priority present are averaged, e.g. classification: acc1, else
+-- mean_average_precision for multilabel datasets; retrieval: the mean of image and text recall@5.
+with main_metrics as (
+    {{ main_metrics_table() }}
+),
+candidates as (
     select
-        model,
-        coalesce(pretrained, '') as pretrained,
-        dataset,
-        split,
-        language,
-        task,
-        max(run_id) as run_id,
-        max(created_at) as created_at,
-        max(n_samples) as n_samples,
-        max(case when metric = 'acc' and k = 1 then value end) as acc1,
-        max(case when metric = 'mean_average_precision' then value end) as map,
-        avg(case when metric in ('image_retrieval_recall', 'text_retrieval_recall') and k = 5 then value end)
-            as recall5
-    from {{ ref('latest_metrics') }}
-    group by all
+        m.model, m.pretrained, m.checkpoint, m.dataset, m.split, m.language, m.task, m.precision,
+        m.run_id, m.created_at, m.n_samples, m.experiment_id, mm.label, mm.priority, m.value
+    from {{ ref('latest_metrics') }} m
+    join main_metrics mm
+        on m.task = mm.task and m.metric = mm.metric and coalesce(m.k, -1) = coalesce(mm.k, -1)
+),
+chosen as (
+    select *, min(priority) over (partition by model, checkpoint, dataset, split, language, task, precision) as best
+    from candidates
 )
 select
     model,
-    pretrained,
+    max(pretrained) as pretrained,
+    model || coalesce(' @ ' || max(pretrained), '') || case when precision = 'fp32' then '' else ' (' || precision || ')' end
+        as model_label,
+    checkpoint,
     dataset,
     split,
     language,
     task,
-    run_id,
-    created_at,
-    n_samples,
-    case
-        when task = 'zeroshot_retrieval' then 'mean_retrieval_recall@5'
-        when acc1 is not null then 'acc1'
-        else 'mean_average_precision'
-    end as main_metric,
-    case
-        when task = 'zeroshot_retrieval' then recall5
-        else coalesce(acc1, map)
-    end as main_value
-from per_pair
+    precision,
+    max(run_id) as run_id,
+    max(created_at) as created_at,
+    max(n_samples) as n_samples,
+    max(label) as main_metric,
+    avg(value) as main_value
+from chosen
+where priority = best
+group by model, checkpoint, dataset, split, language, task, precision

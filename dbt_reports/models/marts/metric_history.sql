@@ -1,15 +1,20 @@
--- Each metric value next to the previous run's value of the same (model, dataset, split, language, task, metric, k).
--- `regressed` / `improved` use the metric's direction and the `regression_threshold` var.
+-- Each metric value next to the previous run's value of the same experiment (experiment_id: model, checkpoint,
+-- dataset, split, language, task, precision, limit, prompts and task settings) and metric / k, so a limited run or a
+-- what-if is compared only with runs like it. `regressed` / `improved` use the metric's direction and the
+-- `regression_threshold` var.
 with ordered as (
     select
         run_id,
         created_at,
+        experiment_id,
         model,
-        coalesce(pretrained, '') as pretrained,
+        pretrained,
+        checkpoint,
         dataset,
         split,
         language,
         task,
+        precision,
         metric,
         k,
         value,
@@ -18,7 +23,7 @@ with ordered as (
         lag(run_id) over w as previous_run_id
     from {{ ref('stg_metrics') }}
     window w as (
-        partition by model, coalesce(pretrained, ''), dataset, split, language, task, metric, coalesce(k, -1)
+        partition by experiment_id, metric, coalesce(k, -1)
         order by created_at, run_id
     )
 )

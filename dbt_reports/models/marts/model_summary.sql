@@ -1,7 +1,10 @@
--- Macro average of the main metric over the datasets each model was evaluated on (latest runs).
+-- Macro average of the main metric over the datasets each model checkpoint was evaluated on (latest reference runs).
 select
+    model_label,
     model,
     pretrained,
+    checkpoint,
+    precision,
     count(*) as n_datasets,
     avg(main_value) as macro_average,
     min(created_at) as oldest_result,

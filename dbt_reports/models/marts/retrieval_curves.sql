@@ -1,7 +1,9 @@
--- recall@k by k for the latest retrieval runs: one curve per (model, dataset, direction).
+-- recall@k by k for the latest reference retrieval runs: one curve per (model checkpoint, dataset, direction).
 select
+    model || coalesce(' @ ' || pretrained, '') || case when precision = 'fp32' then '' else ' (' || precision || ')' end
+        as model_label,
     model,
-    coalesce(pretrained, '') as pretrained,
+    checkpoint,
     dataset,
     case metric when 'image_retrieval_recall' then 'text->image' else 'image->text' end as direction,
     k,

@@ -1,0 +1,67 @@
+"""Conversion: caption every image of an image-text dataset with a multimodal LLM, write BEIR files.
+
+Output per (captioning model, dataset), as evalscope lays it out::
+
+    <output_dir>/<model>/<dataset>/retrieval_data/{corpus.jsonl, queries.jsonl, qrels.jsonl, qrels/<split>.tsv}
+    <output_dir>/<model>/<dataset>_image_caption.json
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clipcache.flows.convert_params import ConvertParams
+from clipcache.flows.stages import Stages
+from clipcache.storage.caption_cache import CaptionCache
+from clipcache.storage.experiment import slug
+from clipcache.storage.results import write_json
+from clipcache.tasks.convert.beir import write_beir
+from clipcache.tasks.convert.captioner import CaptionSettings, caption_images
+from clipcache.tasks.evaluation.base import DataSource
+from clipcache.tasks.evaluation.common import open_for
+from clipcache.tasks.progress import StageProgress
+
+
+def caption_dataset(dataset, settings: CaptionSettings, api_key: str, cache_dir: str, progress: StageProgress):
+    cache = CaptionCache(cache_dir, settings.cache_setup())
+    images = (dataset.load_image(i) for i in range(len(dataset)))
+    return caption_images(images, len(dataset), settings, api_key, cache, progress, dataset.name)
+
+
+def run_conversion(params: ConvertParams, stages: Stages) -> list[dict]:
+    """Caption images into BEIR text-retrieval folders; returns evalscope-style result dicts."""
+    progress = StageProgress(enabled=params.verbose)
+    results = []
+    for i, spec in enumerate(params.models):
+        api_key = spec.resolved_api_key(f"models.{i}.api_key")
+        settings = CaptionSettings(spec.model_name, spec.api_base, spec.prompt, spec.max_tokens, spec.temperature,
+                                   spec.timeout, spec.concurrency, spec.max_retries)
+        for name in params.datasets:
+            base = Path(params.output_dir) / spec.basename
+            result_path = base / f"{slug(name)}_image_caption.json"
+            if params.skip_existing and result_path.exists():
+                results.append({"dataset": name, "model": spec.model_name, "task": "image_caption",
+                                "status": "skipped"})
+                continue
+            where = f"{spec.basename}-{name}"
+            source = DataSource(name, params.dataset_root, params.split, params.limit, params.hub, params.cache_dir,
+                                params.offline)
+            # captions + queries need an image-text dataset
+            dataset = stages.run("open-dataset", f"open-{name}", open_for, "zeroshot_retrieval", source, progress)
+            run = stages.run("caption", f"caption-{where}", caption_dataset, dataset, settings, api_key,
+                             params.cache_dir, progress)
+            folder = base / slug(name) / "retrieval_data"
+            counts = stages.run("write-beir", f"write-beir-{where}", write_beir, folder, run.captions,
+                                dataset.captions, params.split)
+            metrics = {
+                "conversion_successful": not run.failures, "n_images": len(dataset),
+                "n_captioned": len(dataset) - len(run.failures), "n_failed": len(run.failures),
+                "failed": [{"image": dataset.describe(idx), "error": err} for idx, err in run.failures],
+                "n_corpus": counts.corpus, "n_queries": counts.queries, "api_calls": run.api_calls,
+                "from_cache": run.from_cache, "save_path": str(folder),
+            }
+            payload = {"dataset": name, "model": spec.model_name, "task": "image_caption", "metrics": metrics}
+            write_json(result_path, payload)
+            results.append(payload)
+    return results
+

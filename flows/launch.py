@@ -1,0 +1,99 @@
+"""How a CLI or Python call runs a flow: as a Prefect flow run when a Prefect server is there to see it, else as
+plain calls with no orchestrator start-up.
+
+- ``auto`` (default): Prefect when ``PREFECT_API_URL`` is set or a background server from ``clipcache server start``
+  is up (its URL is then used); otherwise the local path, which runs the same stages in the same order
+  (flows/stages.py) and writes the same files and rows, in a fraction of the time (Prefect's temporary server alone
+  costs 5-15 s per call). ``--task_runner`` other than ``none`` needs Prefect's task runners, so it implies Prefect.
+- ``prefect``: always a flow run; with no server configured, a private server is started for the call and stopped
+  with it (flows/prefect_server.py), so no process outlives the CLI.
+- ``local``: always plain calls.
+
+Deployments and workers run the Prefect flows directly and are unaffected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from clipcache.flows.params import EvaluateParams
+
+
+def configured_api() -> str | None:
+    """The Prefect API this process should report to, if any (PREFECT_API_URL, else a running background server)."""
+    if url := os.environ.get("PREFECT_API_URL"):
+        return url
+    from clipcache.flows.prefect_server import running
+
+    info = running()
+    return info.url if info else None
+
+
+def choose(requested: str, needs_prefect: bool = False) -> str:
+    if requested == "local" and needs_prefect:
+        from clipcache.storage.errors import ConfigError
+
+        raise ConfigError("task_runner: sharded encoding runs on Prefect's task runners; use --orchestrator auto or "
+                          "prefect with it")
+    if requested != "auto":
+        return requested
+    return "prefect" if needs_prefect or configured_api() else "local"
+
+
+@contextlib.contextmanager
+def prefect_api() -> Iterator[None]:
+    """Make sure Prefect has an API to talk to: the configured one, or a private server for this call."""
+    url = configured_api()
+    if url:
+        os.environ["PREFECT_API_URL"] = url
+        yield
+        return
+    from clipcache.flows.prefect_server import private_server
+
+    with private_server() as url:
+        os.environ["PREFECT_API_URL"] = url
+        try:
+            yield
+        finally:
+            os.environ.pop("PREFECT_API_URL", None)
+
+
+def evaluate(params: EvaluateParams, cached_only: bool, orchestrator: str = "auto") -> list[Any]:
+    mode = choose(orchestrator, needs_prefect=params.task_runner != "none" and not cached_only)
+    if mode == "prefect":
+        with prefect_api():
+            from clipcache.flows.evaluate import evaluate as evaluate_flow
+            from clipcache.flows.evaluate import rescore as rescore_flow
+
+            return (rescore_flow if cached_only else evaluate_flow)(params)
+    from clipcache.flows.pipeline import run_evaluation
+    from clipcache.flows.stages import LocalStages
+
+    return run_evaluation(params, LocalStages(), cached_only).results
+
+
+def convert(params: Any, orchestrator: str = "auto") -> list[dict]:
+    if choose(orchestrator) == "prefect":
+        with prefect_api():
+            from clipcache.flows.convert import convert as convert_flow
+
+            return convert_flow(params)
+    from clipcache.flows.conversion import run_conversion
+    from clipcache.flows.stages import LocalStages
+
+    return run_conversion(params, LocalStages())
+
+
+def report(params: Any, orchestrator: str = "auto") -> str:
+    if choose(orchestrator) == "prefect":
+        with prefect_api():
+            from clipcache.flows.report import report as report_flow
+
+            return str(report_flow(params))
+    from clipcache.flows.reporting import run_report
+    from clipcache.flows.stages import LocalStages
+
+    return run_report(params, LocalStages())

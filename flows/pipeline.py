@@ -1,0 +1,221 @@
+"""The evaluation pipeline, written once: for each model, dataset and language, prepare, encode, score, write.
+
+It runs under a Prefect flow (flows/evaluate.py) or as plain calls (flows/launch.py); see flows/stages.py. Pairs run in
+order in one process, so a model is loaded once for all its datasets, and only if something must be encoded. A pair
+that fails stops the run with its error; what finished before it is already in the cache and the result files, so
+re-running continues where it stopped. The run row, written last, commits the run: only the metric rows of completed
+runs count in the warehouse's views.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import shlex
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from clipcache.flows.params import EvaluateParams
+from clipcache.flows.stages import Stages
+from clipcache.storage.embedding_store import EmbeddingStore
+from clipcache.storage.errors import ClipcacheError
+from clipcache.storage.experiment import Experiment, options_json
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.storage.paths import check_location, local_dir
+from clipcache.storage.results import new_run_id, write_run_row
+from clipcache.tasks.evaluation import get_task
+from clipcache.tasks.evaluation.base import CacheMissError, EvalTask, Prepared
+from clipcache.tasks.models.spec import ModelSpec
+from clipcache.tasks.progress import StageProgress
+from clipcache.tasks.results import RunInfo, clipcache_version, existing_result, write_pair_results
+
+log = logging.getLogger("clipcache.flow")
+
+
+@dataclass
+class PairResult:
+    model: str
+    dataset: str
+    task: str
+    pretrained: str | None = None
+    language: str = "en"
+    metrics: dict[str, float] = field(default_factory=dict)
+    tied: dict[str, int] = field(default_factory=dict)
+    n_samples: int = 0
+    status: str = "done"  # done | skipped
+    cache_hit: bool = False
+    resumed: bool = False
+    model_loaded: bool = False
+    encode_seconds: float = 0.0
+    score_seconds: float = 0.0
+    files: list[str] = field(default_factory=list)
+    run_id: str = ""
+    experiment_id: str = ""
+
+
+@dataclass
+class RunContext:
+    """What every pair of one run shares."""
+
+    params: EvaluateParams
+    cached_only: bool
+    stages: Stages
+    run: RunInfo
+    store: EmbeddingStore
+    memo: FileHashMemo
+    progress: StageProgress
+    encoder: Any = None  # flows.scaleout.ShardedEncoder when --task_runner shards encoding
+
+    @property
+    def data_dir(self) -> str:
+        return str(local_dir(self.params.cache_dir))
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    results: list[PairResult]
+    status: str
+    device: str
+
+
+def prepare_model(spec: ModelSpec, memo: FileHashMemo, device: str, amp: bool, model_cache_dir: str | None) -> Any:
+    """A session for ``spec``: its identity resolved, its device chosen; weights load on first encode."""
+    from clipcache.tasks.encode.stage import ModelSession
+    from clipcache.tasks.models.devices import precision_name, resolve_device
+    from clipcache.tasks.models.resolve import resolve_model
+
+    resolved = resolve_model(spec, memo, model_cache_dir)
+    memo.save()
+    torch_device = resolve_device(device)
+    return ModelSession(resolved, torch_device, amp, precision_name(torch_device, amp), model_cache_dir)
+
+
+def choose_task(params: EvaluateParams, dataset: str) -> EvalTask:
+    from clipcache.tasks.datasets import default_task
+
+    return get_task(default_task(dataset, params.dataset_root) if params.task == "auto" else params.task)
+
+
+def experiment_for(ctx: RunContext, spec: ModelSpec, session: Any, task: EvalTask, prepared: Prepared,
+                   language: str) -> Experiment:
+    params = ctx.params
+    return Experiment(
+        model=spec.display_name, checkpoint=session.resolved.checkpoint, dataset=prepared.source.name,
+        split=params.split, language=language, task=task.name, precision=session.precision,
+        sample_limit=params.limit, prompts=prepared.prompts_sha256, default_prompts=prepared.default_prompts,
+        options=options_json(task.options(params.score_settings(str(session.device)))),
+        pretrained=session.resolved.checkpoint_label, model_dir=spec.basename)
+
+
+def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, language: str) -> PairResult:
+    params, stages = ctx.params, ctx.stages
+    task = choose_task(params, dataset)
+    label = f"{spec.display_name}{'@' + session.resolved.checkpoint_label if session.resolved.checkpoint_label else ''}"
+    where = f"{label}-{dataset}" + (f"-{language}" if len(params.language) > 1 else "")
+    source = params.source(dataset, ctx.data_dir)
+    prepared = stages.run("prepare", f"prepare-{where}", task.prepare, source, params.prompt_settings(language),
+                          ctx.progress)
+    experiment = experiment_for(ctx, spec, session, task, prepared, language)
+    result = PairResult(spec.display_name, dataset, task.name, experiment.pretrained, language,
+                        experiment_id=experiment.id, run_id=ctx.run.run_id)
+    if params.skip_existing and (found := existing_result(experiment, params.output_dir)) is not None:
+        log.info("%s: skipped, %s exists", where, found)
+        result.status, result.files = "skipped", [str(found)]
+        return result
+    loads_before = session.loads
+    sharded: dict[str, Any] = {}
+    started = time.perf_counter()
+    if ctx.encoder is not None:
+        sharded = ctx.encoder.encode_pair(session, task, prepared, ctx.memo)
+    try:
+        encoded = stages.run("encode", f"encode-{where}", task.encode, session, prepared, ctx.store, ctx.memo,
+                             params.encode_settings(ctx.cached_only), ctx.progress, sharded)
+    except CacheMissError as e:
+        raise ClipcacheError(f"{e}. Fill it with:\n  {eval_command(params, spec, dataset, language)}") from e
+    result.encode_seconds = time.perf_counter() - started
+    scored = stages.run("score", f"score-{where}", task.score, ctx.store, encoded, prepared,
+                        params.score_settings(str(session.device)))
+    files = stages.run("write-results", f"write-{where}", write_pair_results, ctx.run, spec, experiment,
+                       session.resolved.fingerprint, scored.metrics, scored.tied, scored.n_samples,
+                       encoded.cache_keys, params.output_dir, params.output)
+    result.metrics, result.tied, result.n_samples = scored.metrics, scored.tied, scored.n_samples
+    result.cache_hit, result.resumed = encoded.cache_hit, encoded.resumed
+    result.model_loaded = session.loads > loads_before or bool(sharded)  # sharded: the workers loaded it
+    result.score_seconds, result.files = scored.seconds, [str(f) for f in files]
+    log.info("%s: %s", where, ", ".join(f"{k}={v:.4f}" for k, v in scored.metrics.items()))
+    return result
+
+
+def run_evaluation(params: EvaluateParams, stages: Stages, cached_only: bool) -> RunOutcome:
+    """Every (model, dataset, language) of ``params``; the run row is written last, whatever happens."""
+    from clipcache.flows.scaleout import ShardedEncoder, open_task_runner
+
+    check_location(params.cache_dir, "cache_dir")
+    check_location(params.output_dir, "output_dir")
+    run = RunInfo(new_run_id(), datetime.now(UTC))
+    started = time.perf_counter()
+    store = EmbeddingStore(params.cache_dir)
+    memo = FileHashMemo(local_dir(params.cache_dir) / "file_hashes.json")
+    progress = StageProgress(enabled=params.verbose)
+    results: list[PairResult] = []
+    status, device = "failed", "unknown"
+    log.info("run %s: %d model(s) x %d dataset(s) x %d language(s)%s", run.run_id, len(params.models),
+             len(params.datasets), len(params.language), " (cached only)" if cached_only else "")
+    try:
+        with open_task_runner("none" if cached_only else params.task_runner, params.workers) as runner:
+            ctx = RunContext(params, cached_only, stages, run, store, memo, progress)
+            if runner is not None:
+                ctx.encoder = ShardedEncoder(runner, store, params, progress)
+            for spec in params.models:
+                session = stages.run("prepare-model", f"model-{spec.display_name}", prepare_model, spec, memo,
+                                     params.device, params.amp, params.model_cache_dir)
+                device = str(session.device)
+                for dataset in params.datasets:
+                    for language in params.language:
+                        results.append(evaluate_pair(ctx, spec, session, dataset, language))
+        status = "completed"
+    finally:
+        write_run_row(params.output_dir, {
+            "run_id": run.run_id, "created_at": run.created_at, "finished_at": datetime.now(UTC), "status": status,
+            "kind": "rescore" if cached_only else "evaluate", "config": params.model_dump_json(), "device": device,
+            "versions": library_versions(),
+            "durations": {"total_seconds": time.perf_counter() - started,
+                          "pairs": [{"model": r.model, "dataset": r.dataset, "language": r.language,
+                                     "encode_seconds": r.encode_seconds, "score_seconds": r.score_seconds}
+                                    for r in results]},
+            "clipcache_version": clipcache_version(),
+        })
+        log.info("run %s: %s in %.1f s", run.run_id, status, time.perf_counter() - started)
+    return RunOutcome(run.run_id, results, status, device)
+
+
+def library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for name in ("clipcache", "torch", "open_clip_torch", "transformers", "prefect", "zarr", "numpy"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def eval_command(params: EvaluateParams, spec: ModelSpec, dataset: str, language: str = "en") -> str:
+    """The `clipcache eval` invocation that encodes what a rescore of (spec, dataset) needs."""
+    args = ["clipcache", "eval", "--model", spec.model_name]
+    optional = [("--pretrained", spec.pretrained),
+                ("--model_type", None if spec.model_type == "auto" else spec.model_type),
+                ("--arch_config", spec.arch_config), ("--dataset", dataset), ("--dataset_root", params.dataset_root),
+                ("--split", None if params.split == "test" else params.split),
+                ("--language", None if language == "en" else language),
+                ("--limit", params.limit), ("--cache_dir", None if params.cache_dir == "cache" else params.cache_dir)]
+    for flag, value in optional:
+        if value is not None:
+            args += [flag, str(value)]
+    if params.amp:
+        args.append("--amp")
+    return shlex.join(args)

@@ -1,0 +1,54 @@
+"""How a flow's stages run: as Prefect task runs (under a flow run, visible in the UI) or as plain calls.
+
+The evaluation pipeline (flows/pipeline.py) is written once against :class:`Stages`. The Prefect flows hand it
+:class:`PrefectStages`, so every stage is a task run named with its model and dataset; a CLI call with no Prefect
+server configured hands it :class:`LocalStages`, which runs the same stages in the same order as plain calls with the
+same log lines, and costs no orchestrator start-up (flows/launch.py decides).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+log = logging.getLogger("clipcache.flow")
+R = TypeVar("R")
+
+
+class Stages(Protocol):
+    kind: str
+
+    def run(self, name: str, run_name: str, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R: ...
+
+
+class LocalStages:
+    kind = "local"
+
+    def run(self, name: str, run_name: str, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        started = time.perf_counter()
+        log.info("%s: started", run_name)
+        result = fn(*args, **kwargs)
+        log.info("%s: done in %.2f s", run_name, time.perf_counter() - started)
+        return result
+
+
+class PrefectStages:
+    """Each stage a Prefect task run. Our own cache decides what is recomputed, so Prefect's input caching is off
+    (hashing a model session or a dataset index would cost time and mean nothing); retries stay off (nothing here is
+    transient: bad files stay bad)."""
+
+    kind = "prefect"
+
+    def __init__(self) -> None:
+        self._tasks: dict[tuple[str, Callable[..., Any]], Any] = {}
+
+    def run(self, name: str, run_name: str, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        from prefect import task
+        from prefect.cache_policies import NO_CACHE
+
+        key = (name, fn)
+        if key not in self._tasks:
+            self._tasks[key] = task(fn, name=name, cache_policy=NO_CACHE)
+        return self._tasks[key].with_options(task_run_name=run_name)(*args, **kwargs)

@@ -1,0 +1,63 @@
+"""What names a cache entry and what a reference to one carries: keys, references, per-row array specs, checksums.
+
+A key is the digest of everything that changes the stored vectors (``key_fields``), plus the embedding-spec version.
+Every array of an entry is sealed with SHA-256 digests of its row blocks (``chunk_rows`` rows each), so a changed byte
+in any array, not only in the embeddings, is found on read and by ``cache verify``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from clipcache.storage.hashing import digest
+
+# Bump when the meaning of stored vectors changes (normalisation, dtype, row order...): old entries stop matching.
+EMBEDDING_SPEC_VERSION = 1
+DEFAULT_CHUNK_ROWS = 4096
+# Commit a partial entry at least this often while encoding: a kill loses at most this much work (or one chunk).
+DEFAULT_COMMIT_SECONDS = 30.0
+
+
+def chunk_rows_setting() -> int:
+    """Rows per Zarr chunk and per checksum block of new entries (``CLIPCACHE_CHUNK_ROWS``; tests make it small)."""
+    return max(1, int(os.environ.get("CLIPCACHE_CHUNK_ROWS", DEFAULT_CHUNK_ROWS)))
+
+
+def commit_seconds_setting() -> float:
+    return max(0.0, float(os.environ.get("CLIPCACHE_COMMIT_SECONDS", DEFAULT_COMMIT_SECONDS)))
+
+
+@dataclass(frozen=True)
+class EmbeddingRef:
+    """A small, picklable reference to a complete cache entry (what tasks pass around instead of arrays)."""
+
+    root: str
+    key: str
+    kind: str
+    count: int
+    dim: int
+
+
+@dataclass(frozen=True)
+class AuxSpec:
+    """A per-row array stored beside the embeddings (targets, caption -> sample index, text digests...)."""
+
+    dtype: str
+    trailing_shape: tuple[int, ...] = ()
+
+
+def entry_key(key_fields: dict[str, Any]) -> str:
+    return digest({**key_fields, "embedding_spec_version": EMBEDDING_SPEC_VERSION})
+
+
+def block_digest(block: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(block).tobytes()).hexdigest()
+
+
+def block_digests(values: np.ndarray, chunk_rows: int) -> list[str]:
+    return [block_digest(values[lo : lo + chunk_rows]) for lo in range(0, len(values), chunk_rows)]

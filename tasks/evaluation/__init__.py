@@ -1,0 +1,54 @@
+"""Evaluation tasks in a registry (extended by other packages through the entry point group ``clipcache.tasks``).
+
+CLI choices, parameter validation, the catalog and ``rescore``'s "must be cached" check all come from here; every
+task runs through the same flow path (prepare, encode, score, write). See tasks/evaluation/base.py for the contract.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clipcache.storage.embedding_store import EmbeddingStore
+from clipcache.storage.errors import ConfigError
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.evaluation.base import (
+    DataSource,
+    EncodeSettings,
+    EvalTask,
+    PromptSettings,
+    Scored,
+    ScoreSettings,
+)
+from clipcache.tasks.progress import StageProgress
+from clipcache.tasks.registry import Registry
+
+TASKS: Registry[EvalTask] = Registry("task", ConfigError, entry_point_group="clipcache.tasks")
+TASKS.register("zeroshot_classification", "clipcache.tasks.evaluation.zeroshot_classification:ZeroShotClassification")
+TASKS.register("zeroshot_retrieval", "clipcache.tasks.evaluation.zeroshot_retrieval:ZeroShotRetrieval")
+TASKS.register("text_retrieval", "clipcache.tasks.evaluation.text_retrieval:TextRetrieval")
+
+
+def get_task(name: str) -> EvalTask:
+    """An instance of the task registered as ``name`` (registries hold classes: tasks are stateless)."""
+    task = TASKS.get(name)
+    return task() if isinstance(task, type) else task
+
+
+def dbt_vars() -> dict[str, Any]:
+    """What the dbt project needs to know about the tasks: their names and their main metrics."""
+    tasks = [(name, get_task(name)) for name in TASKS.names()]
+    return {"tasks": [name for name, _ in tasks],
+            "main_metrics": [{"task": name, "metric": m, "k": k, "label": label, "priority": priority}
+                             for name, task in tasks for m, k, label, priority in task.main_metrics]}
+
+
+def evaluate_one(task: str, session: Any, source: DataSource, store: EmbeddingStore, memo: FileHashMemo,
+                 encode: EncodeSettings | None = None, score: ScoreSettings | None = None,
+                 prompts: PromptSettings | None = None, progress: StageProgress | None = None) -> Scored:
+    """One task on one dataset with one model session, without a flow: prepare, encode what is missing, score.
+    (What the pipeline does per pair, minus results files; for scripts, benchmarks and tests.)"""
+    chosen = get_task(task)
+    progress = progress or StageProgress(enabled=False)
+    prepared = chosen.prepare(source, prompts or PromptSettings(), progress)
+    encoded = chosen.encode(session, prepared, store, memo, encode or EncodeSettings(), progress)
+    return chosen.score(store, encoded, prepared, score or ScoreSettings())

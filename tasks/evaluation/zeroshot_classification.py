@@ -1,0 +1,49 @@
+"""Zero-shot classification: image embeddings against a classifier built from class-name prompts (clip_benchmark's
+definition; metrics in tasks/score/classification.py)."""
+
+from __future__ import annotations
+
+import time
+
+from clipcache.tasks.evaluation.base import Encoded, EvalTask, Prepared, Scored
+from clipcache.tasks.evaluation.common import class_prompts, open_for
+
+
+class ZeroShotClassification(EvalTask):
+    name = "zeroshot_classification"
+    short = "classification"
+    description = "acc1, acc5, mean_per_class_recall (mean_average_precision for multilabel datasets)"
+    needs = ("image", "prompt")
+    uses_prompts = True
+    main_metrics = (("acc", 1, "acc1", 1), ("mean_average_precision", None, "mean_average_precision", 2))
+
+    def prepare(self, source, prompts, progress):
+        dataset = open_for(self.name, source, progress)
+        chosen, default = class_prompts(dataset, prompts)
+        return Prepared(dataset, len(dataset), source, chosen, default, chosen.sha256)
+
+    def encode(self, session, prepared, store, memo, settings, progress, sharded=None):
+        from clipcache.tasks.encode.stage import check_cached, encode_images, encode_prompts, image_key_fields
+
+        started = time.perf_counter()
+        dataset = prepared.data
+        identity = dataset.identity(memo)
+        memo.save()
+        fields = image_key_fields(session, identity, dataset.split, prepared.source.limit)
+        if settings.cached_only:
+            check_cached(store, [(fields, f"image embeddings of {dataset.name}")])
+        images = (sharded or {}).get("image") or encode_images(session, dataset, store, fields, settings, progress)
+        prompts = encode_prompts(session, prepared.prompts.prompts(), store, settings.batch_size, progress,
+                                 dataset.name)
+        return Encoded({"image": images, "prompt": prompts}, {"n_classes": len(prepared.prompts.classnames),
+                                                              "n_templates": len(prepared.prompts.templates)},
+                       time.perf_counter() - started)
+
+    def score(self, store, encoded, prepared, settings):
+        from clipcache.tasks.score.stage import score_classification
+
+        started = time.perf_counter()
+        metrics, n = score_classification(store, encoded.outcomes["image"].ref, encoded.outcomes["prompt"],
+                                          encoded.info["n_classes"], encoded.info["n_templates"], settings)
+        return Scored(metrics, n, seconds=time.perf_counter() - started)
+

@@ -1,0 +1,54 @@
+"""Zero-shot image-text retrieval, both directions (clip_benchmark's recall@k; metrics in tasks/score/retrieval.py)."""
+
+from __future__ import annotations
+
+import time
+
+from clipcache.tasks.evaluation.base import Encoded, EvalTask, Prepared, Scored
+from clipcache.tasks.evaluation.common import check_language, open_for
+
+
+class ZeroShotRetrieval(EvalTask):
+    name = "zeroshot_retrieval"
+    short = "retrieval"
+    description = "image_retrieval_recall@k (text->image), text_retrieval_recall@k (image->text); mrr, ndcg, ranks"
+    needs = ("image", "caption")
+    option_defaults = {"ties": "topk"}
+    main_metrics = (("image_retrieval_recall", 5, "mean_retrieval_recall@5", 1),
+                    ("text_retrieval_recall", 5, "mean_retrieval_recall@5", 1))
+
+    def prepare(self, source, prompts, progress):
+        dataset = open_for(self.name, source, progress)
+        check_language(dataset, prompts.language)
+        return Prepared(dataset, len(dataset), source)
+
+    def encode(self, session, prepared, store, memo, settings, progress, sharded=None):
+        from clipcache.tasks.encode.stage import (
+            caption_key_fields,
+            check_cached,
+            encode_captions,
+            encode_images,
+            image_key_fields,
+        )
+
+        started = time.perf_counter()
+        dataset, sharded = prepared.data, sharded or {}
+        identity = dataset.identity(memo)
+        memo.save()
+        image_fields = image_key_fields(session, identity, dataset.split, prepared.source.limit)
+        caption_fields = caption_key_fields(session, identity, dataset.split, prepared.source.limit)
+        if settings.cached_only:
+            check_cached(store, [(image_fields, f"image embeddings of {dataset.name}"),
+                                 (caption_fields, f"caption embeddings of {dataset.name}")])
+        images = sharded.get("image") or encode_images(session, dataset, store, image_fields, settings, progress)
+        captions = sharded.get("caption") or encode_captions(session, dataset, store, caption_fields, settings,
+                                                             progress)
+        return Encoded({"image": images, "caption": captions}, seconds=time.perf_counter() - started)
+
+    def score(self, store, encoded, prepared, settings):
+        from clipcache.tasks.score.stage import score_retrieval
+
+        started = time.perf_counter()
+        metrics, n, tied = score_retrieval(store, encoded.outcomes["image"].ref, encoded.outcomes["caption"].ref,
+                                           settings)
+        return Scored(metrics, n, tied, time.perf_counter() - started)

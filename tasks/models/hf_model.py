@@ -1,0 +1,65 @@
+"""A Hugging Face transformers CLIP-family model in memory: CLIPModel, ChineseCLIPModel, SiglipModel (AutoModel)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from PIL import Image
+
+from clipcache.storage.errors import ModelError
+from clipcache.tasks.models.base import TwoTowerModel, pooled
+from clipcache.tasks.models.loader import ResolvedModel
+
+SUPPORTED_TYPES = ("clip", "chinese_clip", "siglip", "siglip2", "altclip")
+
+
+class HFImageTransform:
+    """Picklable wrapper around an image processor (runs in DataLoader workers)."""
+
+    def __init__(self, processor: Any):
+        self.processor = processor
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        return self.processor(images=image, return_tensors="pt")["pixel_values"][0]
+
+
+class HFClipModel(TwoTowerModel):
+    def __init__(self, resolved: ResolvedModel, device: torch.device, amp: bool, cache_dir: str | None):
+        from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
+
+        source, revision = resolved.source, resolved.revision
+        kwargs = {"revision": revision, "cache_dir": cache_dir}
+        try:
+            config = AutoConfig.from_pretrained(source, **kwargs)
+            if config.model_type not in SUPPORTED_TYPES:
+                raise ModelError(f"{source!r} is a {config.model_type!r} model; supported Hugging Face model types: "
+                                 f"{', '.join(SUPPORTED_TYPES)}")
+            module = AutoModel.from_pretrained(source, dtype=torch.float32, **kwargs)
+            self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+            self.processor = AutoImageProcessor.from_pretrained(source, **kwargs)
+        except ModelError:
+            raise
+        except Exception as e:  # transformers raises OSError/ValueError/HTTP errors for missing or bad files
+            raise ModelError(f"could not load Hugging Face model {source!r}: {type(e).__name__}: {e}") from e
+        self.model_type = config.model_type
+        text_cfg = getattr(config, "text_config", config)
+        self.max_length = int(getattr(text_cfg, "max_position_embeddings", 77))
+        self.transform = HFImageTransform(self.processor)
+        super().__init__(module, device, amp)
+
+    def image_transform(self, image: Image.Image) -> torch.Tensor:
+        return self.transform(image)
+
+    def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        # SigLIP was trained with fixed-length padding and pools the last token: it must be padded to max_length.
+        padding = "max_length" if self.model_type.startswith("siglip") else True
+        tokens = self.tokenizer(texts, padding=padding, truncation=True, max_length=self.max_length,
+                                return_tensors="pt")
+        return dict(tokens)
+
+    def _encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
+        return pooled(self.module.get_image_features(pixel_values=pixels))
+
+    def _encode_text(self, tokens: dict[str, torch.Tensor]) -> torch.Tensor:
+        return pooled(self.module.get_text_features(**tokens))
