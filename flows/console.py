@@ -7,8 +7,6 @@ import math
 from rich.console import Console
 from rich.table import Table
 
-TASK_SHORT = {"zeroshot_classification": "classification", "zeroshot_retrieval": "retrieval"}
-
 
 def format_value(value: float | None) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
@@ -22,19 +20,39 @@ def cache_state(result) -> str:
     return "resumed" if result.resumed else "encoded"
 
 
+def short_task(task: str) -> str:
+    from clipcache.tasks.evaluation import TASKS, get_task
+
+    return get_task(task).short if task in TASKS else task
+
+
 def print_results(console: Console, results: list, output_dir: str) -> None:
+    """The results table. A ``ties`` column appears when some query's outcome was decided by a tie across the
+    cut-off (clip_benchmark's torch.topk choice; see --ties)."""
+    show_ties = any(any(r.tied.values()) for r in results)
+    show_language = len({r.language for r in results}) > 1 or any(r.language != "en" for r in results)
     table = Table(title="clipcache results")
-    for column, justify in (("model", "left"), ("dataset", "left"), ("task", "left"), ("metric", "left"),
-                            ("value", "right"), ("n", "right"), ("cache", "left"), ("encode s", "right")):
+    columns = [("model", "left"), ("dataset", "left"), *([("lang", "left")] if show_language else []),
+               ("task", "left"), ("metric", "left"), ("value", "right"), *([("ties", "right")] if show_ties else []),
+               ("n", "right"), ("cache", "left"), ("encode s", "right")]
+    for column, justify in columns:
         table.add_column(column, justify=justify, no_wrap=column in ("model", "dataset", "task", "metric"))  # type: ignore[arg-type]
     for r in results:
         metrics = list(r.metrics.items()) or [("", None)]
+        model = r.model.split("/")[-1] + (f" @ {r.pretrained}" if r.pretrained else "")
         for i, (name, value) in enumerate(metrics):
             first = i == 0
-            table.add_row(r.model.split("/")[-1] if first else "", r.dataset if first else "",
-                          TASK_SHORT.get(r.task, r.task) if first else "", name,
-                          format_value(value) if name else "", str(r.n_samples) if first and r.n_samples else "",
-                          cache_state(r) if first else "", f"{r.encode_seconds:.1f}" if first else "",
-                          end_section=i == len(metrics) - 1)
+            tied = r.tied.get(name, 0)
+            cells = [model if first else "", r.dataset if first else "",
+                     *([r.language if first else ""] if show_language else []),
+                     short_task(r.task) if first else "", name, format_value(value) if name else "",
+                     *([str(tied) if tied else ""] if show_ties else []),
+                     str(r.n_samples) if first and r.n_samples else "", cache_state(r) if first else "",
+                     f"{r.encode_seconds:.1f}" if first else ""]
+            table.add_row(*cells, end_section=i == len(metrics) - 1)
     console.print(table)
-    console.print(f"results: {output_dir}/<model>/<dataset>_<task>.json; Parquet rows under {output_dir}/warehouse/")
+    console.print(f"results: {output_dir}/<model>/[<pretrained>/]<dataset>_<task>[.<variant>].json; Parquet rows "
+                  f"under {output_dir}/warehouse/ (clipcache query)")
+    if show_ties:
+        console.print("ties: queries whose hit or miss at k was decided by torch.topk among exactly tied scores, as "
+                      "clip_benchmark decides it (--ties stable ranks ties by index instead)")

@@ -122,14 +122,16 @@ class EmbeddingEntry:
         rows = self.chunk_rows
         step = max(rows, -(-min_rows // rows) * rows)
         seals = self.seals(name)
-        for lo in range(0, self.count, step):
-            hi = min(lo + step, self.count)
-            data = self._read(name, lo, hi)
-            if seals:
-                for j, b in enumerate(range(lo, hi, rows)):
-                    if block_digest(data[b - lo : b - lo + rows]) != seals[lo // rows + j]:
-                        raise self._damaged(name, lo // rows + j)
-            yield lo, data
+        with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+            for lo in range(0, self.count, step):
+                hi = min(lo + step, self.count)
+                data = self._read(name, lo, hi)
+                if seals:
+                    found = pool.map(block_digest, [data[b - lo : b - lo + rows] for b in range(lo, hi, rows)])
+                    for j, digest_ in enumerate(found):
+                        if digest_ != seals[lo // rows + j]:
+                            raise self._damaged(name, lo // rows + j)
+                yield lo, data
 
     def verify(self) -> list[str]:
         """Every problem found: each array's length and block seals."""

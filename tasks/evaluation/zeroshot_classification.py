@@ -44,6 +44,7 @@ class ZeroShotClassification(EvalTask):
 
         started = time.perf_counter()
         metrics, n = score_classification(store, encoded.outcomes["image"].ref, encoded.outcomes["prompt"],
-                                          encoded.info["n_classes"], encoded.info["n_templates"], settings)
+                                          encoded.info["n_classes"], encoded.info["n_templates"], settings,
+                                          prepared.n_samples)
         return Scored(metrics, n, seconds=time.perf_counter() - started)
 

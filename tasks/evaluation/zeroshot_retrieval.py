@@ -50,5 +50,5 @@ class ZeroShotRetrieval(EvalTask):
 
         started = time.perf_counter()
         metrics, n, tied = score_retrieval(store, encoded.outcomes["image"].ref, encoded.outcomes["caption"].ref,
-                                           settings)
+                                           settings, prepared.n_samples)
         return Scored(metrics, n, tied, time.perf_counter() - started)

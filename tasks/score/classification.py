@@ -1,87 +1,125 @@
-"""Zero-shot classification metrics, defined exactly as LAION clip_benchmark defines them.
+"""Zero-shot classification metrics, computed as LAION clip_benchmark computes them, in torch.
 
-Inputs are L2-normalised float32 embeddings read from the cache. Tie rule: see :mod:`tasks.score.ranking` (equal
-logits are ordered by ascending class index, as a stable sort does).
+The operations mirror clip_benchmark's so that float32 rounding, and therefore any exact tie, comes out the same:
+
+- classifier: per class, the mean of its (L2-normalised) template embeddings, divided by its norm;
+- logits per data-loader batch on the device: ``(100 * image_features) @ classifier`` (Python evaluates
+  ``100. * features @ classifier`` left to right);
+- ``acc1`` / ``acc5``: ``torch.topk(logits, max(ks))`` once per row on the CPU, ``acc_k`` = the true class among
+  the first k kept (``acc5`` is NaN below 5 classes); ties among logits are resolved as topk resolves them;
+- ``mean_per_class_recall``: balanced accuracy of ``argmax`` (the first maximum), over the classes present;
+- multilabel ``mean_average_precision``: per class, ``torch.sort`` descending, mean precision at the positives
+  (0 for a class without positives), as torchnet's APMeter which clip_benchmark uses.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
+import torch
 
-# clip_benchmark multiplies logits by 100 before ranking them. A positive constant does not change any ordering in
-# exact arithmetic; we keep it so float32 rounding of the logits, and therefore any exact ties, is the same too.
-LOGIT_SCALE = np.float32(100.0)
-
-
-def zero_shot_classifier(prompt_embeddings: np.ndarray, n_classes: int, n_templates: int) -> np.ndarray:
-    """(dim, n_classes) classifier from class-major prompt embeddings (row = class * n_templates + template).
-
-    For each class: the template embeddings (already L2-normalised) are averaged and the average is L2-normalised.
-    """
-    dim = prompt_embeddings.shape[1]
-    per_class = prompt_embeddings.reshape(n_classes, n_templates, dim).astype(np.float32, copy=False)
-    mean = per_class.mean(axis=1, dtype=np.float32)
-    mean /= np.linalg.norm(mean, axis=1, keepdims=True)
-    return np.ascontiguousarray(mean.T)
+LOGIT_SCALE = 100.0
 
 
-def logits(image_embeddings: np.ndarray, classifier: np.ndarray) -> np.ndarray:
-    return LOGIT_SCALE * (image_embeddings.astype(np.float32, copy=False) @ classifier)
+def _tensor(values: np.ndarray | torch.Tensor) -> torch.Tensor:
+    return values if isinstance(values, torch.Tensor) else torch.from_numpy(np.asarray(values))
 
 
-def true_class_rank(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """0-based rank of each sample's true class among all classes (0 = the top logit)."""
-    true = logits[np.arange(len(logits)), targets][:, None]
-    cols = np.arange(logits.shape[1])[None, :]
-    return ((logits > true).sum(axis=1) + ((logits == true) & (cols < targets[:, None])).sum(axis=1)).astype(np.int64)
+def zero_shot_classifier(prompt_embeddings: np.ndarray | torch.Tensor, n_classes: int, n_templates: int,
+                         device: torch.device | str = "cpu") -> torch.Tensor:
+    """(dim, n_classes) classifier from class-major prompt embeddings (row = class * n_templates + template)."""
+    embeddings = _tensor(prompt_embeddings).to(device=device, dtype=torch.float32)
+    per_class = embeddings.reshape(n_classes, n_templates, -1)
+    columns = []
+    for c in range(n_classes):  # one class at a time, as clip_benchmark builds it
+        mean = per_class[c].mean(dim=0)
+        columns.append(mean / mean.norm())
+    return torch.stack(columns, dim=1)
 
 
-def accuracy_at_k(logits: np.ndarray, targets: np.ndarray, k: int) -> float:
-    """Fraction of samples whose true class is among the ``k`` highest logits (denominator: all samples)."""
-    if len(targets) == 0:
-        return math.nan
-    return float((true_class_rank(logits, targets) < k).mean())
+def logit_batches(images: torch.Tensor, classifier: torch.Tensor, batch_size: int) -> Iterable[torch.Tensor]:
+    """Logits on the CPU, computed on the classifier's device in the blocks clip_benchmark's data loader makes."""
+    with torch.inference_mode():
+        for lo in range(0, len(images), batch_size):
+            features = images[lo : lo + batch_size].to(classifier.device)
+            yield (LOGIT_SCALE * features @ classifier).float().cpu()
 
 
-def mean_per_class_recall(logits: np.ndarray, targets: np.ndarray) -> float:
-    """Balanced accuracy of the argmax: the mean, over classes present in ``targets``, of per-class recall.
+def logits(images: np.ndarray | torch.Tensor, classifier: np.ndarray | torch.Tensor,
+           batch_size: int = 1 << 30) -> torch.Tensor:
+    return torch.cat(list(logit_batches(_tensor(images).float(), _tensor(classifier).float(), batch_size)))
 
-    Same as sklearn's ``balanced_accuracy_score(targets, argmax)``; classes never present in the targets do not count.
-    """
-    if len(targets) == 0:
-        return math.nan
-    pred = logits.argmax(axis=1)  # first maximum = lowest class index, the tie rule
-    classes = np.unique(targets)
-    recalls = [(pred[targets == c] == c).mean() for c in classes]
+
+class ClassificationCounts:
+    """Metrics accumulated batch by batch (no dense samples x classes matrix is kept, except for multilabel)."""
+
+    def __init__(self, n_classes: int):
+        self.ks = (1, 5) if n_classes >= 5 else (1,)
+        self.hits = dict.fromkeys(self.ks, 0)
+        self.predictions: list[torch.Tensor] = []
+        self.targets: list[torch.Tensor] = []
+
+    def add(self, batch_logits: torch.Tensor, targets: torch.Tensor) -> None:
+        kept = torch.topk(batch_logits, min(max(self.ks), batch_logits.shape[1]), dim=1).indices
+        for k in self.ks:
+            self.hits[k] += int((kept[:, :k] == targets[:, None]).any(dim=1).sum())
+        self.predictions.append(batch_logits.argmax(dim=1))
+        self.targets.append(targets)
+
+    def metrics(self) -> dict[str, float]:
+        n = sum(len(t) for t in self.targets)
+        if n == 0:
+            return {"acc1": math.nan, "acc5": math.nan, "mean_per_class_recall": math.nan}
+        return {"acc1": self.hits[1] / n, "acc5": self.hits[5] / n if 5 in self.hits else math.nan,
+                "mean_per_class_recall": balanced_recall(torch.cat(self.predictions), torch.cat(self.targets))}
+
+
+def balanced_recall(predictions: torch.Tensor, targets: torch.Tensor) -> float:
+    """Mean over the classes present in ``targets`` of per-class recall (sklearn's balanced_accuracy_score)."""
+    recalls = [float((predictions[targets == c] == c).double().mean()) for c in torch.unique(targets)]
     return float(np.mean(recalls))
 
 
-def average_precision_per_class(logits: np.ndarray, multi_hot: np.ndarray) -> np.ndarray:
-    """AP per class: mean of precision@rank over the ranks of the positives (0 for a class with no positive).
-
-    float32 throughout, as clip_benchmark (torchnet's APMeter) computes it; results agree to float32 rounding.
-    """
-    n, n_classes = logits.shape
-    order = np.argsort(-logits, axis=0, kind="stable")
-    truth = np.take_along_axis(multi_hot.astype(bool), order, axis=0)
-    precision = np.cumsum(truth, axis=0, dtype=np.float32) / np.arange(1, n + 1, dtype=np.float32)[:, None]
-    positives = truth.sum(axis=0)
-    return (precision * truth).sum(axis=0, dtype=np.float32) / np.maximum(positives, 1).astype(np.float32)
+def accuracy_at_k(logits: np.ndarray | torch.Tensor, targets: np.ndarray | torch.Tensor, k: int) -> float:
+    """Fraction of samples whose true class is among the ``k`` logits topk keeps (all of them when k >= classes)."""
+    scores, truth = _tensor(logits).float(), _tensor(targets).long()
+    if len(truth) == 0:
+        return math.nan
+    kept = torch.topk(scores, min(k, scores.shape[1]), dim=1).indices
+    return float((kept == truth[:, None]).any(dim=1).sum()) / len(truth)
 
 
-def mean_average_precision(logits: np.ndarray, multi_hot: np.ndarray) -> float:
-    return float(average_precision_per_class(logits, multi_hot).mean(dtype=np.float32))
+def mean_per_class_recall(logits: np.ndarray | torch.Tensor, targets: np.ndarray | torch.Tensor) -> float:
+    truth = _tensor(targets).long()
+    return math.nan if len(truth) == 0 else balanced_recall(_tensor(logits).float().argmax(dim=1), truth)
 
 
-def classification_metrics(logits: np.ndarray, targets: np.ndarray, n_classes: int) -> dict[str, float]:
+def average_precision_per_class(logits: np.ndarray | torch.Tensor, multi_hot: np.ndarray | torch.Tensor
+                                ) -> torch.Tensor:
+    """AP per class: mean of precision@rank over the ranks of the positives (0 for a class with no positive)."""
+    scores, truth = _tensor(logits).float(), _tensor(multi_hot)
+    ranks = torch.arange(1, scores.shape[0] + 1, dtype=torch.float32)
+    ap = torch.zeros(scores.shape[1])
+    for c in range(scores.shape[1]):
+        order = torch.sort(scores[:, c], 0, True).indices
+        hits = truth[order, c]
+        precision = hits.float().cumsum(0) / ranks
+        ap[c] = precision[hits.bool()].sum() / max(float(hits.sum()), 1.0)
+    return ap
+
+
+def mean_average_precision(logits: np.ndarray | torch.Tensor, multi_hot: np.ndarray | torch.Tensor) -> float:
+    return float(average_precision_per_class(logits, multi_hot).mean())
+
+
+def classification_metrics(logits: np.ndarray | torch.Tensor, targets: np.ndarray | torch.Tensor,
+                           n_classes: int) -> dict[str, float]:
     """acc1, acc5 (NaN below 5 classes, as clip_benchmark) and mean_per_class_recall; mAP for multi-hot targets."""
-    if targets.ndim == 2:
-        return {"mean_average_precision": mean_average_precision(logits, targets)}
-    acc5 = accuracy_at_k(logits, targets, 5) if n_classes >= 5 else math.nan
-    return {
-        "acc1": accuracy_at_k(logits, targets, 1),
-        "acc5": acc5,
-        "mean_per_class_recall": mean_per_class_recall(logits, targets),
-    }
+    scores, truth = _tensor(logits).float(), _tensor(targets)
+    if truth.ndim == 2:
+        return {"mean_average_precision": mean_average_precision(scores, truth)}
+    counts = ClassificationCounts(n_classes)
+    counts.add(scores, truth.long())
+    return counts.metrics()

@@ -57,15 +57,18 @@ def retrieval_ranks(
     return t2i, i2t
 
 
-def recall_at_k(ranks: np.ndarray, k: int) -> float:
-    """Fraction of queries whose best positive rank is below ``k``.
-
-    Computed as float32 hits / float32 count, exactly like clip_benchmark's ``(...).float().mean()``, so the reported
-    value is bit-for-bit the one clip_benchmark writes (e.g. 2/17 -> 0.11764705926179886, not 0.11764705882352941).
-    """
-    if not len(ranks):
+def recall_at_k(hits: int, queries: int) -> float:
+    """Fraction of queries that are hits, as float32 hits / float32 count, exactly like clip_benchmark's
+    ``(...).float().mean()``: the reported value is bit-for-bit the one clip_benchmark writes (e.g. 2/17 ->
+    0.11764705926179886, not 0.11764705882352941)."""
+    if not queries:
         return float("nan")
-    return float(np.float32((ranks < k).sum()) / np.float32(len(ranks)))
+    return float(np.float32(hits) / np.float32(queries))
+
+
+def recall_from_ranks(ranks: np.ndarray, k: int) -> float:
+    """recall@k from the best positive's rank per query (the stable rule)."""
+    return recall_at_k(int((ranks < k).sum()), len(ranks))
 
 
 def mrr_at_k(ranks: np.ndarray, k: int) -> float:
@@ -113,8 +116,8 @@ def retrieval_metrics(
             i2t_all[i] = r
     for k in recall_k:
         if "recall" in which:
-            metrics[f"image_retrieval_recall@{k}"] = recall_at_k(t2i, k)
-            metrics[f"text_retrieval_recall@{k}"] = recall_at_k(i2t, k)
+            metrics[f"image_retrieval_recall@{k}"] = recall_from_ranks(t2i, k)
+            metrics[f"text_retrieval_recall@{k}"] = recall_from_ranks(i2t, k)
         if "mrr" in which:
             metrics[f"image_retrieval_mrr@{k}"] = mrr_at_k(t2i, k)
             metrics[f"text_retrieval_mrr@{k}"] = mrr_at_k(i2t, k)

@@ -1,34 +1,71 @@
-"""Score stage: cache entries -> metrics. Reads arrays only; never loads a model or decodes an image."""
+"""Score stage: cache entries -> metrics, in torch on the scoring device. Reads arrays only; never loads a model or
+decodes an image. Every entry is checked against what the dataset expects before anything is scored."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
+from clipcache.storage.cache_entry import EmbeddingEntry
 from clipcache.storage.cache_keys import EmbeddingRef
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import CacheIntegrityError
 from clipcache.storage.text_pool import TextPool
 from clipcache.tasks.evaluation.base import ScoreSettings
-from clipcache.tasks.score.classification import classification_metrics, logits, zero_shot_classifier
-from clipcache.tasks.score.retrieval import retrieval_metrics
+from clipcache.tasks.score.classification import (
+    ClassificationCounts,
+    logit_batches,
+    mean_average_precision,
+    zero_shot_classifier,
+)
+from clipcache.tasks.score.device import load_rows, tile_bytes, torch_device
+from clipcache.tasks.score.retrieval import recall_at_k, retrieval_metrics
+from clipcache.tasks.score.retrieval_pass import recall_counts
 
 
-def with_skipped_images(metrics: dict[str, float], image_entry) -> dict[str, float]:
+def with_skipped_images(metrics: dict[str, float], image_entry: EmbeddingEntry) -> dict[str, float]:
     """Images left out as undecodable (only with --on_bad_image skip) are a metric of their own, so the numbers are
     read with that in mind."""
     skipped = int(image_entry.meta.get("n_samples", image_entry.count)) - image_entry.count
     return {**metrics, "skipped_images": float(skipped)} if skipped else metrics
 
 
+def _expect(condition: bool, entry: EmbeddingEntry, what: str) -> None:
+    if not condition:
+        raise CacheIntegrityError(f"cache entry {entry.key} does not fit this evaluation: {what} ({entry.path}); "
+                                  f"delete it with `clipcache cache verify --delete {entry.key[:12]}` and run the "
+                                  f"evaluation again")
+
+
+def check_images(entry: EmbeddingEntry, n_samples: int | None) -> None:
+    if n_samples is not None:
+        expected = int(entry.meta.get("n_samples", entry.count))
+        _expect(expected == n_samples and entry.count <= n_samples, entry,
+                f"it holds {entry.count} image rows of {expected} samples, the dataset has {n_samples}")
+
+
 def score_classification(store: EmbeddingStore, images: EmbeddingRef, prompts, n_classes: int, n_templates: int,
-                         settings: ScoreSettings) -> tuple[dict[str, float], int]:
+                         settings: ScoreSettings, n_samples: int | None = None) -> tuple[dict[str, float], int]:
+    device = torch_device(settings.device)
     image_entry = store.open(images.key)
+    check_images(image_entry, n_samples)
     if len(prompts.lookup.batch) != n_classes * n_templates:
         raise CacheIntegrityError(f"{len(prompts.lookup.batch)} prompt vectors for {n_classes} classes x "
                                   f"{n_templates} templates")
-    classifier = zero_shot_classifier(TextPool(store, prompts.pool).gather(prompts.lookup), n_classes, n_templates)
-    targets = image_entry.array("target")
-    metrics = classification_metrics(logits(image_entry.embeddings(), classifier), targets, n_classes)
+    prompt_vectors = TextPool(store, prompts.pool).gather(prompts.lookup)
+    _expect(prompt_vectors.shape[1] == image_entry.dim, image_entry,
+            f"its embeddings have {image_entry.dim} dimensions, the class prompts {prompt_vectors.shape[1]}")
+    classifier = zero_shot_classifier(prompt_vectors, n_classes, n_templates, device)
+    targets = torch.from_numpy(image_entry.array("target"))
+    image_rows = load_rows(image_entry, device)
+    batches = logit_batches(image_rows, classifier, settings.batch_size)
+    if targets.ndim == 2:  # multilabel: average precision needs every sample's logits per class
+        metrics = {"mean_average_precision": mean_average_precision(torch.cat(list(batches)), targets)}
+    else:
+        counts = ClassificationCounts(n_classes)
+        for lo, batch in zip(range(0, len(targets), settings.batch_size), batches, strict=True):
+            counts.add(batch, targets[lo : lo + len(batch)].long())
+        metrics = counts.metrics()
     return with_skipped_images(metrics, image_entry), len(targets)
 
 
@@ -39,6 +76,8 @@ def caption_targets(store: EmbeddingStore, images: EmbeddingRef, captions: Embed
     image_positions = store.open(images.key).array("position")  # dataset sample index of each image row
     entry = store.open(captions.key)
     caption_row, caption_sample = entry.array("caption_row"), entry.array("caption_sample")
+    _expect(len(caption_row) == 0 or int(caption_row.max()) < entry.count, entry,
+            "its caption map points past its rows")
     row_of_sample = np.full(int(max(image_positions.max(initial=-1), caption_sample.max(initial=-1))) + 1, -1,
                             dtype=np.int64)
     row_of_sample[image_positions] = np.arange(len(image_positions))
@@ -47,11 +86,35 @@ def caption_targets(store: EmbeddingStore, images: EmbeddingRef, captions: Embed
     return caption_row[keep], caption_image[keep], len(image_positions)
 
 
-def score_retrieval(store: EmbeddingStore, images: EmbeddingRef, captions: EmbeddingRef, settings: ScoreSettings
-                    ) -> tuple[dict[str, float], int, dict[str, int]]:
+def score_retrieval(store: EmbeddingStore, images: EmbeddingRef, captions: EmbeddingRef, settings: ScoreSettings,
+                    n_samples: int | None = None) -> tuple[dict[str, float], int, dict[str, int]]:
+    """recall@k both ways (clip_benchmark's topk choice by default, or the stable rule), and the other metric
+    families asked for; returns (metrics, images, tie-sensitive queries per recall metric)."""
+    device = torch_device(settings.device)
+    image_entry, caption_entry = store.open(images.key), store.open(captions.key)
+    check_images(image_entry, n_samples)
+    _expect(caption_entry.dim == image_entry.dim, caption_entry,
+            f"its embeddings have {caption_entry.dim} dimensions, the images {image_entry.dim}")
     caption_row, caption_image, n_images = caption_targets(store, images, captions)
-    caption_embeddings = store.open(captions.key).embeddings()[caption_row]
-    image_entry = store.open(images.key)
-    metrics = retrieval_metrics(image_entry.embeddings(), caption_embeddings, caption_image,
-                                list(settings.recall_k), which=settings.retrieval_metrics)
-    return with_skipped_images(metrics, image_entry), n_images, {}
+    host = None
+    if device.type != "cpu":  # exact rows are computed on the CPU, as clip_benchmark computes its matrix
+        host = (torch.empty((len(caption_row), caption_entry.dim)), torch.empty((image_entry.count, image_entry.dim)))
+    image_rows = load_rows(image_entry, device, host=host[1] if host else None)
+    caption_rows = load_rows(caption_entry, device, caption_row, host=host[0] if host else None)
+    owner = torch.from_numpy(caption_image).to(device)
+    t2i, i2t = recall_counts(caption_rows, image_rows, owner, list(settings.recall_k), tile_bytes(device),
+                             settings.ties, device, host)
+    metrics: dict[str, float] = {}
+    tied: dict[str, int] = {}
+    if "recall" in settings.retrieval_metrics:
+        for k in settings.recall_k:
+            for name, counts in (("image", t2i), ("text", i2t)):
+                flat = f"{name}_retrieval_recall@{k}"
+                metrics[flat] = recall_at_k(counts.hits[k], counts.queries)
+                tied[flat] = counts.tied.get(k, 0)
+    others = tuple(f for f in settings.retrieval_metrics if f != "recall")
+    if others:  # ranks-based families use the stable rule (documented): exact ranks, no topk involved
+        ranked = retrieval_metrics(image_rows.cpu().numpy(), caption_rows.cpu().numpy(), caption_image,
+                                   list(settings.recall_k), which=others)
+        metrics.update(ranked)
+    return with_skipped_images(metrics, image_entry), n_images, tied

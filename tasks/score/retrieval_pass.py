@@ -1,0 +1,283 @@
+"""Recall@k in both directions from one pass over score tiles, with clip_benchmark's choice among tied scores.
+
+clip_benchmark scores with ``scores = texts @ images.T`` (a dense float32 matrix, on the CPU) and, per k, keeps
+``torch.topk(row, k)`` of every row (text -> image) and of every column (image -> text): a query is a hit when one
+of its positives is kept. When scores tie across the k-th place, which index topk keeps is topk's choice.
+
+Here the matrix is never built. One pass over tiles (captions x images, sized from a memory budget) keeps, per
+query, the k largest scores (the running top-K of both directions share the tile) and the best positive's score.
+Per query and k, with v_k the k-th largest score:
+
+- positive > v_k + eps, or positive within eps of v_k while v_{k+1} < positive - eps (nothing outside the first k
+  comes near it): a hit whatever the tie rule; positive < v_k - eps: a miss;
+- otherwise (a tie, or a near-tie that another matrix-product kernel could round either way) the query is decided
+  exactly: its full row is recomputed as clip_benchmark computes it (torch's float32 product on the CPU, in blocks
+  of at least 16 rows so the kernel and its rounding are those of the full product) and ``torch.topk`` is called on
+  it on the device clip_benchmark ran topk on. Such queries are few, so this costs little.
+
+The tiles themselves may use the fastest product there is (NumPy's on the CPU here, cuBLAS on a GPU): eps covers
+the rounding differences between kernels, and every decision within eps is made the exact way. A query is
+tie-sensitive at k when its positive ties with the k-th score and the tie straddles the cut-off: its outcome is
+topk's choice; these are counted and reported.
+
+``rule="stable"`` decides those queries by rank instead (equal scores ordered by index, lowest first): numbers that
+do not depend on the order of the data or on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+EPS = 1e-5  # |difference| between float32 products of unit vectors from different kernels is ~1e-7
+MIN_BLOCK = 16  # below this many rows (or columns) the CPU kernel takes another path and rounds differently
+SMALL_MATRIX = 1 << 22  # up to this many scores, exact rows come from the one full product clip_benchmark makes
+
+
+@dataclass
+class DirectionCounts:
+    """Hits and tie-sensitive queries per k for one direction."""
+
+    queries: int
+    hits: dict[int, int] = field(default_factory=dict)
+    tied: dict[int, int] = field(default_factory=dict)
+    decided_exactly: int = 0
+
+
+class TileProduct:
+    """Score tiles on the chosen device: NumPy's product on the CPU (the faster one here), torch's on a GPU."""
+
+    def __init__(self, captions: torch.Tensor, images: torch.Tensor, rows: int, width: int):
+        self.device = captions.device
+        if self.device.type == "cpu":
+            self._captions = captions.numpy()
+            self._images_t = np.ascontiguousarray(images.numpy().T)
+            # one output buffer for every tile: no allocation (and no page faults) per tile
+            self._out = np.empty((rows + MIN_BLOCK) * (width + MIN_BLOCK), dtype=np.float32)
+        else:
+            self._captions_t, self._images_t_t = captions, images.T.contiguous()
+
+    def __call__(self, c0: int, c1: int, i0: int, i1: int) -> torch.Tensor:
+        if self.device.type == "cpu":
+            out = self._out[: (c1 - c0) * (i1 - i0)].reshape(c1 - c0, i1 - i0)
+            np.matmul(self._captions[c0:c1], self._images_t[:, i0:i1], out=out)
+            return torch.from_numpy(out)
+        return self._captions_t[c0:c1] @ self._images_t_t[:, i0:i1]
+
+
+def top_values_per_column(x: torch.Tensor, k: int, group: int = 16) -> torch.Tensor:
+    """The k largest values of every column (unsorted), exactly, at about the cost of one pass: topk along dim 0 of
+    a row-major tile is strided and slow, so rows are grouped, the groups' maxima ranked (a contiguous reduction),
+    and only the k best groups of each column searched: every top-k value lies in a group whose maximum is among
+    the k best."""
+    rows, width = x.shape
+    if rows < 8 * k * group:
+        return torch.topk(x, min(k, rows), dim=0, sorted=False).values
+    usable = rows // group * group
+    grouped = x[:usable].unflatten(0, (usable // group, group))  # (groups, group, width)
+    best = torch.topk(grouped.amax(dim=1), k, dim=0, sorted=False).indices  # (k, width)
+    picked = grouped[best, :, torch.arange(width, device=x.device)[None, :]]  # (k, width, group)
+    candidates = picked.permute(0, 2, 1).reshape(k * group, width)
+    if usable < rows:
+        candidates = torch.cat([candidates, x[usable:]], dim=0)
+    return torch.topk(candidates, k, dim=0, sorted=False).values
+
+
+def _merge_topk(current: torch.Tensor | None, new: torch.Tensor, k: int, dim: int) -> torch.Tensor:
+    both = new if current is None else torch.cat([current, new], dim=dim)
+    return torch.topk(both, min(k, both.shape[dim]), dim=dim, sorted=False).values
+
+
+def _tile_shape(n_c: int, n_i: int, budget: int) -> tuple[int, int]:
+    width = min(n_i, 16_384)
+    rows = max(MIN_BLOCK, budget // (4 * max(width, 1)))
+    return min(rows, n_c), width
+
+
+def _split(n: int, step: int) -> list[tuple[int, int]]:
+    """[lo, hi) blocks of ``step``; a last block thinner than MIN_BLOCK joins the previous one."""
+    bounds = [(lo, min(lo + step, n)) for lo in range(0, n, step)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < MIN_BLOCK:
+        bounds[-2:] = [(bounds[-2][0], n)]
+    return bounds
+
+
+def scan(captions: torch.Tensor, images: torch.Tensor, caption_image: torch.Tensor, k_t2i: int, k_i2t: int,
+         budget: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One pass over the tiles: (top scores per caption [n_c, k_t2i], positive score per caption,
+    top scores per image [n_i, k_i2t], best positive score per image; -inf for an image without captions)."""
+    n_c, n_i = len(captions), len(images)
+    rows, width = _tile_shape(n_c, n_i, budget)
+    product = TileProduct(captions, images, rows, width)
+    device = captions.device
+    top_t2i = torch.empty((n_c, k_t2i), device=device)
+    pos_t2i = torch.full((n_c,), float("-inf"), device=device)
+    top_i2t = torch.full((k_i2t, n_i), float("-inf"), device=device)
+    pos_i2t = torch.full((n_i,), float("-inf"), device=device)
+    for c0, c1 in _split(n_c, rows):
+        owner = caption_image[c0:c1]
+        best_rows: torch.Tensor | None = None
+        for i0, i1 in _split(n_i, width):
+            tile = product(c0, c1, i0, i1)
+            best_rows = _merge_topk(best_rows, torch.topk(tile, min(k_t2i, i1 - i0), dim=1, sorted=False).values,
+                                    k_t2i, dim=1)
+            column_top = top_values_per_column(tile, min(k_i2t, c1 - c0))
+            top_i2t[:, i0:i1] = _merge_topk(top_i2t[:, i0:i1], column_top, k_i2t, dim=0)
+            inside = torch.nonzero((owner >= i0) & (owner < i1)).squeeze(1)
+            if len(inside):
+                values = tile[inside, owner[inside] - i0]
+                pos_t2i[c0 + inside] = values
+                pos_i2t.scatter_reduce_(0, owner[inside], values, reduce="amax")
+        top_t2i[c0:c1] = best_rows  # type: ignore[assignment]
+    return (torch.sort(top_t2i, dim=1, descending=True).values, pos_t2i,
+            torch.sort(top_i2t.T, dim=1, descending=True).values, pos_i2t)
+
+
+def _undecided(top: torch.Tensor, positive: torch.Tensor, ks: list[int], n_candidates: int,
+               counts: DirectionCounts) -> torch.Tensor:
+    """Count the certain hits per k into ``counts``; return a (queries x len(ks)) mask of the undecided ones."""
+    undecided = torch.zeros((len(positive), len(ks)), dtype=torch.bool, device=positive.device)
+    for j, k in enumerate(ks):
+        counts.tied[k] = 0
+        if k > n_candidates:  # clip_benchmark raises here; every query with a positive is a hit
+            counts.hits[k] = int(torch.isfinite(positive).sum())
+            continue
+        vk = top[:, k - 1]
+        margin = EPS * torch.clamp(vk.abs(), min=1.0)
+        next_value = top[:, k] if k < top.shape[1] else torch.full_like(vk, float("-inf"))
+        near = positive >= vk - margin
+        hit = (positive > vk + margin) | (near & (next_value < positive - margin))
+        undecided[:, j] = near & ~hit
+        counts.hits[k] = int(hit.sum())
+    return undecided
+
+
+def _decide_block(rows: torch.Tensor, positives: list[torch.Tensor], k: int, rule: str,
+                  topk_device: torch.device) -> tuple[int, int]:
+    """(hits, tie-sensitive queries) among exact score rows (one query per row, on the CPU) at ``k``."""
+    kth = torch.topk(rows, k, dim=1).values[:, -1:]
+    greater, equal = (rows > kth).sum(dim=1), (rows == kth).sum(dim=1)
+    if rule == "topk":  # one call for the block, on the device clip_benchmark ran topk on
+        kept = torch.topk(rows.to(topk_device), k, dim=1).indices.cpu()
+    hits = tied = 0
+    for i, own in enumerate(positives):
+        values = rows[i, own]
+        tied += bool((values == kth[i]).any()) and int(greater[i] + equal[i]) > k
+        if rule == "topk":
+            hits += bool(torch.isin(own, kept[i]).any())
+        else:  # stable: rank = scores above + equal scores at lower indices; the best positive counts
+            before = torch.cumsum(rows[i] == values[:, None], dim=1).gather(1, own[:, None]).squeeze(1) - 1
+            hits += bool(((rows[i] > values[:, None]).sum(dim=1) + before).min() < k)
+    return hits, tied
+
+
+class ExactScores:
+    """Score rows exactly as clip_benchmark computes its matrix: ``texts @ images.T`` in float32 on the CPU.
+
+    Rows are computed in blocks of at least 16 queries and 16 candidates (the product's kernel, and so its rounding,
+    is then the full product's); candidates are copied to the host a block at a time, so the host never holds a
+    second copy of a device's embeddings."""
+
+    CANDIDATE_BLOCK = 65_536
+
+    def __init__(self, captions: torch.Tensor, images: torch.Tensor, budget: int,
+                 host: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """``host``: the same (captions, images) already in host memory, when the scoring device is a GPU."""
+        self.captions, self.images = host if host is not None else (captions, images)
+        self.budget = budget
+        n_c, n_i = len(captions), len(images)
+        self.full = captions.cpu() @ images.cpu().T if n_c * n_i <= SMALL_MATRIX else None
+
+    def _groups(self, queries: torch.Tensor, length: int) -> list[torch.Tensor]:
+        size = max(MIN_BLOCK, self.budget // (4 * max(length, 1)))
+        return [queries[lo : lo + size] for lo in range(0, len(queries), size)]
+
+    @staticmethod
+    def _padded(indices: torch.Tensor) -> torch.Tensor:
+        if len(indices) >= MIN_BLOCK:
+            return indices
+        return torch.cat([indices, indices[:1].repeat(MIN_BLOCK - len(indices))])
+
+    def _host_blocks(self, rows: torch.Tensor):
+        for lo, hi in _split(len(rows), self.CANDIDATE_BLOCK):
+            yield rows[lo:hi].cpu()
+
+    def caption_rows(self, queries: torch.Tensor):
+        """Blocks of (caption indices, their rows over images)."""
+        for group in self._groups(queries, len(self.images)):
+            if self.full is not None:
+                block = self.full[group]
+            else:
+                asked = self.captions[self._padded(group).to(self.captions.device)].cpu()
+                block = torch.cat([asked @ images.T for images in self._host_blocks(self.images)], dim=1)
+            yield group, block[: len(group)]
+
+    def image_columns(self, queries: torch.Tensor):
+        """Blocks of (image indices, their columns over captions)."""
+        for group in self._groups(queries, len(self.captions)):
+            if self.full is not None:
+                block = self.full[:, group].T
+            else:
+                asked = self.images[self._padded(group).to(self.images.device)].cpu()
+                block = torch.cat([captions @ asked.T for captions in self._host_blocks(self.captions)], dim=0).T
+            yield group, block[: len(group)]
+
+
+def recall_counts(captions: torch.Tensor, images: torch.Tensor, caption_image: torch.Tensor, ks: list[int],
+                  budget: int, rule: str = "topk", topk_device: torch.device | None = None,
+                  host: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[DirectionCounts, DirectionCounts]:
+    """(text->image, image->text) hits and tie-sensitive queries per k. ``captions`` and ``images`` are L2-normalised
+    float32 rows on the scoring device; ``caption_image[c]`` is the image of caption c; ``host``: the same two
+    in host memory if the device is a GPU (the exact rows are computed on the CPU, as clip_benchmark does)."""
+    if rule not in ("topk", "stable"):
+        raise ValueError(f"unknown tie rule {rule!r}")
+    n_c, n_i = len(captions), len(images)
+    topk_device = topk_device or captions.device
+    with torch.inference_mode(), _no_tf32():
+        # one value beyond the largest k: whether anything outside the first k comes near a positive at the k-th place
+        top_t2i, pos_t2i, top_i2t, pos_i2t = scan(captions, images, caption_image, min(max(ks) + 1, n_i),
+                                                  min(max(ks) + 1, n_c), budget)
+    t2i, i2t = DirectionCounts(n_c), DirectionCounts(n_i)
+    open_t2i = _undecided(top_t2i, pos_t2i, ks, n_i, t2i).cpu()
+    open_i2t = _undecided(top_i2t, pos_i2t, ks, n_c, i2t).cpu()
+    has_caption = torch.zeros(n_i, dtype=torch.bool)
+    has_caption[caption_image.cpu()] = True
+    open_i2t &= has_caption[:, None]  # an image without captions is a miss
+    if not (open_t2i.any() or open_i2t.any()):
+        return t2i, i2t
+    exact = ExactScores(captions, images, budget, host)
+    owner = caption_image.cpu()
+    captions_of = _captions_per_image(owner, n_i)
+    for counts, undecided, blocks, positives_of in (
+            (t2i, open_t2i, exact.caption_rows, lambda q: owner[q : q + 1]),
+            (i2t, open_i2t, exact.image_columns, lambda q: captions_of[q])):
+        queries = torch.nonzero(undecided.any(dim=1)).squeeze(1)
+        counts.decided_exactly = len(queries)
+        for ids, rows in blocks(queries):
+            for j, k in enumerate(ks):
+                chosen = torch.nonzero(undecided[ids, j]).squeeze(1)
+                if len(chosen):
+                    hits, tied = _decide_block(rows[chosen], [positives_of(int(q)) for q in ids[chosen]], k, rule,
+                                               topk_device)
+                    counts.hits[k] += hits
+                    counts.tied[k] += tied
+    return t2i, i2t
+
+
+def _captions_per_image(owner: torch.Tensor, n_images: int) -> list[torch.Tensor]:
+    order = torch.argsort(owner, stable=True)
+    counts = torch.bincount(owner, minlength=n_images)
+    return list(torch.split(order, counts.tolist()))
+
+
+class _no_tf32:
+    """Float32 products in full precision on a GPU whatever the process set (TF32 would change the numbers)."""
+
+    def __enter__(self) -> None:
+        self.saved = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+    def __exit__(self, *exc: object) -> None:
+        torch.backends.cuda.matmul.allow_tf32 = self.saved
