@@ -24,7 +24,6 @@ from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, ScoreSet
 from clipcache.tasks.models.resolve import resolve_model
 from clipcache.tasks.models.spec import ModelSpec
 
-
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
