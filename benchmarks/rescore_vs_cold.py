@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clipcache.storage.embedding_store import EmbeddingStore  # noqa: E402
 from clipcache.storage.hashing import FileHashMemo  # noqa: E402
-from clipcache.tasks.datasets import open_dataset  # noqa: E402
 from clipcache.tasks.datasets.shapes import caption, load_shapes  # noqa: E402
 from clipcache.tasks.encode.stage import ModelSession  # noqa: E402
-from clipcache.tasks.evaluation import EncodeOptions, encode_dataset, score_dataset  # noqa: E402
+from clipcache.tasks.evaluation import evaluate_one  # noqa: E402
+from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, ScoreSettings  # noqa: E402
 from clipcache.tasks.models.resolve import resolve_model  # noqa: E402
 from clipcache.tasks.models.spec import ModelSpec  # noqa: E402
 from clipcache.tasks.progress import StageProgress  # noqa: E402
@@ -53,12 +53,10 @@ def run(root: Path, cache: Path, recall_k: list[int], model: str, cached_only: b
     memo = FileHashMemo(None)
     start = time.perf_counter()
     session = ModelSession(resolve_model(ModelSpec(model_name=model), memo), torch.device("cpu"), False, "fp32")
-    ds = open_dataset("wds/bench", str(root), "test", None)
-    store = EmbeddingStore(cache)
-    encoded = encode_dataset(session, ds, "zeroshot_retrieval", store, memo,
-                             EncodeOptions(64, 2, cached_only=cached_only), StageProgress(enabled=not cached_only))
-    metrics = score_dataset(store, encoded, recall_k).metrics
-    return time.perf_counter() - start, metrics, session.loads
+    scored = evaluate_one("zeroshot_retrieval", session, DataSource("wds/bench", str(root)), EmbeddingStore(cache),
+                          memo, EncodeSettings(64, 2, cached_only=cached_only), ScoreSettings(tuple(recall_k)),
+                          progress=StageProgress(enabled=not cached_only))
+    return time.perf_counter() - start, scored.metrics, session.loads
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clipcache.flows import runtime  # noqa: E402
 
-runtime.configure()
+runtime.configure()  # before Prefect is imported: offline, quiet, project-local state
 
 import numpy as np  # noqa: E402
 from prefect import flow, task  # noqa: E402
@@ -34,9 +34,9 @@ from clipcache.flows.params import EvaluateParams  # noqa: E402
 from clipcache.flows.scaleout import ShardedEncoder, open_task_runner  # noqa: E402
 from clipcache.storage.embedding_store import EmbeddingStore  # noqa: E402
 from clipcache.storage.hashing import FileHashMemo  # noqa: E402
-from clipcache.tasks.datasets import open_dataset  # noqa: E402
-from clipcache.tasks.encode.sharded import DatasetSource, plan_shards  # noqa: E402
+from clipcache.tasks.encode.sharded import plan_shards  # noqa: E402
 from clipcache.tasks.encode.stage import ModelSession, image_key_fields  # noqa: E402
+from clipcache.tasks.evaluation.base import DataSource, Prepared  # noqa: E402
 from clipcache.tasks.models.resolve import resolve_model  # noqa: E402
 from clipcache.tasks.models.spec import ModelSpec  # noqa: E402
 from clipcache.tasks.progress import StageProgress  # noqa: E402
@@ -56,9 +56,10 @@ def sharded_encode(model: str, images: int, workers: int, shard_rows: int, cache
                             verbose=False)
     memo = FileHashMemo(None)
     session = ModelSession(resolve_model(ModelSpec(model_name=model), memo), torch.device("cpu"), False, "fp32")
-    dataset = open_dataset("shapes", None, "test", images)
+    source = DataSource("shapes", None, "test", images)
+    dataset = source.open()
     identity = dataset.identity(memo)
-    source = DatasetSource("shapes", None, "test", images, "huggingface", None, False, identity)
+    prepared = Prepared(dataset, len(dataset), source)
     store = EmbeddingStore(cache)
     started = time.perf_counter()
     with open_task_runner("dask", workers) as runner:
@@ -66,8 +67,8 @@ def sharded_encode(model: str, images: int, workers: int, shard_rows: int, cache
         # the cluster starts on the first submission: time it with a no-op probe of the workers
         runner.submit(_noop, parameters={}).result()
         ready = time.perf_counter()
-        outcome = encoder.encode(session, dataset, source, "image", image_key_fields(session, identity, "test",
-                                                                                     images))
+        outcome = encoder.encode(session, dataset, prepared, identity, "image",
+                                 image_key_fields(session, identity, "test", images))
         done = time.perf_counter()
     return {"startup": ready - started, "encode": done - ready, "key": outcome.ref.key}
 

@@ -67,18 +67,26 @@ def add_param_flags(parser: argparse.ArgumentParser, model: Any, choices: dict[s
         _flag(parser, flag, **kwargs)
 
 
-def _eval_parser(sub: argparse._SubParsersAction, command: str) -> None:
+EVAL_COMMANDS = {
+    "eval": ("evaluate models on datasets (zero-shot classification / retrieval, ...)",
+             "Evaluate CLIP-style models; flags as in LAION clip_benchmark."),
+    "rescore": ("recompute metrics from cached embeddings only (same flags as eval)",
+                "Recompute metrics from the cache: no image is decoded and the model is loaded only to encode class "
+                "prompts it has never seen."),
+}
+
+
+def _eval_parser(sub: argparse._SubParsersAction, command: str, full: bool = True) -> None:
+    """The eval / rescore parser; ``full=False`` only names it (its flags need the parameter model, whose import
+    a call of another command does not pay for)."""
+    help_text, description = EVAL_COMMANDS[command]
+    p = sub.add_parser(command, help=help_text, description=description)
+    if not full:
+        return
     from clipcache.flows.params import EvaluateParams
     from clipcache.tasks.evaluation import TASKS
     from clipcache.tasks.models import LOADERS
 
-    if command == "eval":
-        p = sub.add_parser("eval", help="evaluate models on datasets (zero-shot classification / retrieval, ...)",
-                           description="Evaluate CLIP-style models; flags as in LAION clip_benchmark.")
-    else:
-        p = sub.add_parser("rescore", help="recompute metrics from cached embeddings only (same flags as eval)",
-                           description="Recompute metrics from the cache: no image is decoded and the model is "
-                                       "loaded only to encode class prompts it has never seen.")
     models = p.add_argument_group("models (evaluated as the product of --model and --pretrained, as clip_benchmark)")
     _flag(models, "model", nargs="+", default=None, help="open_clip architecture, local-dir:PATH, hf-hub:ORG/REPO, "
                                                          "HF/ModelScope id, local directory, or tiny-shapes-clip")
@@ -133,9 +141,13 @@ def params_from_args(args: argparse.Namespace) -> Any:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from clipcache.flows.launch import evaluate
-
     params = params_from_args(args)
+    from clipcache.tasks.progress import StageProgress
+
+    with StageProgress(enabled=params.verbose).status("starting: loading torch and the pipeline"):
+        from clipcache.flows.launch import evaluate
+        from clipcache.flows.pipeline import run_evaluation  # noqa: F401  (its imports are the slow part)
+        from clipcache.tasks.encode import stage  # noqa: F401
     return _show(evaluate(params, args.cached_only, args.orchestrator), params)
 
 
@@ -180,13 +192,14 @@ def out() -> Any:
     return Console(width=None if sys.stdout.isatty() else 160)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; with ``command``, only that command's flags are built in full (start-up time)."""
     parser = argparse.ArgumentParser(prog="clipcache", allow_abbrev=False,
                                      description="Evaluate CLIP-style models from an embedding cache.")
     parser.add_argument("-v", "--verbose", action="store_true", help="show Prefect and library logs")
     sub = parser.add_subparsers(dest="command", required=True)
-    _eval_parser(sub, "eval")
-    _eval_parser(sub, "rescore")
+    for name in EVAL_COMMANDS:
+        _eval_parser(sub, name, full=command in (None, name) and command is not None)
     run = sub.add_parser("run", help="run an evalscope-style task config (JSON or YAML)")
     run.add_argument("config", help="task_cfg.json or task_cfg.yaml")
     run.set_defaults(handler=_cmd_run)
@@ -215,8 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from clipcache.flows import runtime
     from clipcache.storage.errors import ClipcacheError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(command).parse_args(argv)
         runtime.configure(verbose=args.verbose)
         return int(args.handler(args))
     except ClipcacheError as e:

@@ -81,7 +81,8 @@ class RunOutcome:
     device: str
 
 
-def prepare_model(spec: ModelSpec, memo: FileHashMemo, device: str, amp: bool, model_cache_dir: str | None) -> Any:
+def prepare_model(spec: ModelSpec, memo: FileHashMemo, device: str, amp: bool, model_cache_dir: str | None,
+                  progress: StageProgress | None = None) -> Any:
     """A session for ``spec``: its identity resolved, its device chosen; weights load on first encode."""
     from clipcache.tasks.encode.stage import ModelSession
     from clipcache.tasks.models.devices import precision_name, resolve_device
@@ -90,7 +91,8 @@ def prepare_model(spec: ModelSpec, memo: FileHashMemo, device: str, amp: bool, m
     resolved = resolve_model(spec, memo, model_cache_dir)
     memo.save()
     torch_device = resolve_device(device)
-    return ModelSession(resolved, torch_device, amp, precision_name(torch_device, amp), model_cache_dir)
+    return ModelSession(resolved, torch_device, amp, precision_name(torch_device, amp), model_cache_dir,
+                        progress=progress)
 
 
 def choose_task(params: EvaluateParams, dataset: str) -> EvalTask:
@@ -136,8 +138,9 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
     except CacheMissError as e:
         raise ClipcacheError(f"{e}. Fill it with:\n  {eval_command(params, spec, dataset, language)}") from e
     result.encode_seconds = time.perf_counter() - started
-    scored = stages.run("score", f"score-{where}", task.score, ctx.store, encoded, prepared,
-                        params.score_settings(str(session.device)))
+    with ctx.progress.status(f"scoring {dataset} on {session.device}"):
+        scored = stages.run("score", f"score-{where}", task.score, ctx.store, encoded, prepared,
+                            params.score_settings(str(session.device)))
     files = stages.run("write-results", f"write-{where}", write_pair_results, ctx.run, spec, experiment,
                        session.resolved.fingerprint, scored.metrics, scored.tied, scored.n_samples,
                        encoded.cache_keys, params.output_dir, params.output)
@@ -171,7 +174,7 @@ def run_evaluation(params: EvaluateParams, stages: Stages, cached_only: bool) ->
                 ctx.encoder = ShardedEncoder(runner, store, params, progress)
             for spec in params.models:
                 session = stages.run("prepare-model", f"model-{spec.display_name}", prepare_model, spec, memo,
-                                     params.device, params.amp, params.model_cache_dir)
+                                     params.device, params.amp, params.model_cache_dir, progress)
                 device = str(session.device)
                 for dataset in params.datasets:
                     for language in params.language:

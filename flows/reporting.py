@@ -26,6 +26,9 @@ class ReportParams(BaseModel):
 
 def run_report(params: ReportParams, stages: Stages) -> str:
     """Run `dbt build` (models, data tests, unit tests) and write the HTML report; returns its path."""
-    database = stages.run("dbt-build", "dbt-build", dbt_build, params.output_dir)
+    from clipcache.tasks.progress import StageProgress
+
+    with StageProgress().status("dbt build: models, data tests, unit tests"):
+        database = stages.run("dbt-build", "dbt-build", dbt_build, params.output_dir)
     out = Path(params.report_path) if params.report_path else Path(params.output_dir) / "report" / "index.html"
     return str(stages.run("render-html", "render-html", render_report, database, out))

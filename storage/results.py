@@ -9,9 +9,11 @@ query never sees half a file, and two runs never write the same file)::
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +95,22 @@ def physical_schema(schema: pa.Schema) -> pa.Schema:
     return schema.append(pa.field(SOURCE_COLUMN, pa.string()))
 
 
+def _json_value(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Rows as an Arrow table of ``schema``, built through pyarrow's JSON reader: every pyarrow constructor from
+    Python objects imports pandas, half a second of every CLI call. Floats round-trip exactly through JSON."""
+    import pyarrow.json as pj
+
+    lines = "\n".join(json.dumps({k: _json_value(v) for k, v in r.items()}, allow_nan=False) for r in rows)
+    options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error")
+    return pj.read_json(io.BytesIO(lines.encode("utf-8")), parse_options=options).select(schema.names)
+
+
 def _write_table(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> Path:
-    table = pa.Table.from_pylist([{**r, SOURCE_COLUMN: None} for r in rows], schema=physical_schema(schema))
+    table = rows_to_table([{**r, SOURCE_COLUMN: None} for r in rows], physical_schema(schema))
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))
     return path
 

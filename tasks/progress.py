@@ -10,6 +10,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    SpinnerColumn,
     TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
@@ -25,11 +26,23 @@ class RateColumn(TaskProgressColumn):
 
 
 class StageProgress:
-    """One bar per unit of work; ``track(description, total, unit)`` yields an ``advance(n)`` function."""
+    """One bar per unit of work; ``track(description, total, unit)`` yields an ``advance(n)`` function, and
+    ``status(message)`` shows a spinner with the elapsed time for work of unknown length (model loads, scoring,
+    dbt builds). Both draw on the terminal only (nothing when output is piped or progress is off)."""
 
     def __init__(self, console: Console | None = None, enabled: bool = True):
         self.enabled = enabled
         self.console = console or Console(stderr=True)
+
+    @contextmanager
+    def status(self, message: str) -> Iterator[None]:
+        if not self.enabled or not self.console.is_terminal:
+            yield
+            return
+        columns = [SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()]
+        with Progress(*columns, console=self.console, transient=True) as progress:
+            progress.add_task(message, total=None)
+            yield
 
     @contextmanager
     def track(self, description: str, total: int, unit: str = "it") -> Iterator:

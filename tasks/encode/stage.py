@@ -43,11 +43,15 @@ class ModelSession:
     model_cache_dir: str | None = None
     _model: EmbeddingModel | None = field(default=None, repr=False)
     loads: int = 0
+    progress: StageProgress | None = field(default=None, repr=False)
 
     @property
     def model(self) -> EmbeddingModel:
         if self._model is None:
-            self._model = load_model(self.resolved, self.device, self.amp, self.model_cache_dir)
+            progress = self.progress or StageProgress(enabled=False)
+            with progress.status(f"loading model {self.resolved.display_name} on {self.device}"):
+                self._model = load_model(self.resolved, self.device, self.amp, self.model_cache_dir)
+            log.info("loaded model %s on %s (%s)", self.resolved.display_name, self.device, self.precision)
             self.loads += 1
         return self._model
 

@@ -6,11 +6,9 @@ task runs through the same flow path (prepare, encode, score, write). See tasks/
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import ConfigError
-from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.evaluation.base import (
     DataSource,
     EncodeSettings,
@@ -19,8 +17,12 @@ from clipcache.tasks.evaluation.base import (
     Scored,
     ScoreSettings,
 )
-from clipcache.tasks.progress import StageProgress
 from clipcache.tasks.registry import Registry
+
+if TYPE_CHECKING:
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.progress import StageProgress
 
 TASKS: Registry[EvalTask] = Registry("task", ConfigError, entry_point_group="clipcache.tasks")
 TASKS.register("zeroshot_classification", "clipcache.tasks.evaluation.zeroshot_classification:ZeroShotClassification")
@@ -47,6 +49,8 @@ def evaluate_one(task: str, session: Any, source: DataSource, store: EmbeddingSt
                  prompts: PromptSettings | None = None, progress: StageProgress | None = None) -> Scored:
     """One task on one dataset with one model session, without a flow: prepare, encode what is missing, score.
     (What the pipeline does per pair, minus results files; for scripts, benchmarks and tests.)"""
+    from clipcache.tasks.progress import StageProgress
+
     chosen = get_task(task)
     progress = progress or StageProgress(enabled=False)
     prepared = chosen.prepare(source, prompts or PromptSettings(), progress)

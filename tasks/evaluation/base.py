@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import ClipcacheError
-from clipcache.storage.hashing import FileHashMemo
-from clipcache.tasks.progress import StageProgress
+
+if TYPE_CHECKING:  # naming tasks and validating parameters must not import zarr, numpy or rich
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.progress import StageProgress
 
 
 class CacheMissError(ClipcacheError):
