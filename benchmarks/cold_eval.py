@@ -1,0 +1,121 @@
+"""A cold evaluation (empty cache, fresh processes), clipcache against clip_benchmark, side by side in one run.
+
+    .venv/bin/python benchmarks/cold_eval.py [--model ViT-B-32] [--distinct-images 300] [--shared-images 600]
+
+Two retrieval datasets of generated shapes images in the webdataset layout, read by both tools from the same folder:
+
+- "distinct": every caption is different (a caption names the image's attributes and its number), so nothing can
+  be shared: clipcache must match clip_benchmark's speed, which is about that of a plain encode loop;
+- "shared": captions from a few templates over the attributes, so most texts repeat (as in COCO / Flickr, more so in
+  templated sets): clipcache encodes each distinct text once.
+
+The model is an open_clip architecture with random weights, saved once to a checkpoint file that both tools load
+(`--pretrained FILE`), fp32 (clip_benchmark `--no_amp`). Each tool runs as its own CLI process under
+`/usr/bin/time` (wall time and peak RSS); their recall@1/5/10 are compared. clipcache also runs with `--amp`
+(bf16 autocast on the CPU), whose numbers shift: the largest difference is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+TEMPLATES = ["a {colour} {shape}.", "a photo of a {colour} {shape}.", "a {size} {colour} {shape} {where}."]
+
+
+def write_dataset(root: Path, n: int, distinct: bool, per_image: int = 3, shards: int = 2) -> int:
+    """The webdataset retrieval layout; returns the number of distinct caption texts."""
+    sys.path.insert(0, str(REPO))
+    from clipcache.tasks.datasets.shapes import POSITION_WORDS, load_shapes
+
+    ds = load_shapes("bench", "zeroshot_retrieval", "test", n)
+    (root / "test").mkdir(parents=True)
+    texts: set[str] = set()
+    per_shard = -(-n // shards)
+    for s in range(shards):
+        with tarfile.open(root / "test" / f"{s}.tar", "w") as tar:
+            for i in range(s * per_shard, min(n, (s + 1) * per_shard)):
+                sample = ds.samples[i]
+                words = {"colour": sample.colour, "shape": sample.shape, "size": sample.size,
+                         "where": POSITION_WORDS[sample.position]}
+                captions = [t.format(**words) + (f" Picture {i}, view {j}." if distinct else "")
+                            for j, t in enumerate(TEMPLATES[:per_image])]
+                texts.update(captions)
+                buf = io.BytesIO()
+                ds.load_image(i).save(buf, format="PNG")
+                for name, data in ((f"{i:06d}.png", buf.getvalue()), (f"{i:06d}.txt", "\n".join(captions).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    (root / "test" / "nshards.txt").write_text(str(shards))
+    (root / "dataset_type.txt").write_text("retrieval")
+    return len(texts)
+
+
+def checkpoint(model: str, path: Path) -> None:
+    import open_clip
+    import torch
+
+    torch.manual_seed(0)
+    torch.save(open_clip.create_model(model).state_dict(), path)
+
+
+def timed(command: list[str], cwd: Path) -> tuple[float, float]:
+    """(wall seconds, peak RSS in GB) of one process."""
+    out = subprocess.run(["/usr/bin/time", "-f", "%e %M", *command], cwd=cwd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    seconds, kb = out.stderr.strip().splitlines()[-1].split()
+    return float(seconds), int(kb) / 1024**2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="ViT-B-32")
+    parser.add_argument("--distinct-images", type=int, default=300)
+    parser.add_argument("--shared-images", type=int, default=600)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--num-workers", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        ckpt = work / f"{args.model}-random.pt"
+        checkpoint(args.model, ckpt)
+        for label, n, distinct in (("distinct", args.distinct_images, True), ("shared", args.shared_images, False)):
+            root = work / label
+            n_texts = write_dataset(root, n, distinct)
+            common = ["--dataset", f"wds/{label}", "--dataset_root", str(root), "--batch_size", str(args.batch_size),
+                      "--num_workers", str(args.num_workers), "--recall_k", "1", "5", "10", "--task", "zeroshot_retrieval"]
+            peer_json = work / f"cb-{label}.json"
+            peer = timed([str(BIN / "clip_benchmark"), "eval", "--model", args.model, "--pretrained", str(ckpt),
+                          "--no_amp", *common, "--output", str(peer_json)], work)
+            runs = {}
+            for variant, extra in (("fp32", []), ("amp", ["--amp"])):
+                out = work / f"out-{label}-{variant}"
+                runs[variant] = timed([str(BIN / "clipcache"), "eval", "--model", args.model, "--pretrained",
+                                       str(ckpt), *common, *extra, "--output_dir", str(out), "--cache_dir",
+                                       str(work / f"cache-{label}-{variant}"), "--quiet"], work)
+                runs[variant] += (json.loads(next(out.rglob("*.json")).read_text())["metrics"],)
+            theirs = json.loads(peer_json.read_text())["metrics"]
+            same = all(abs(runs["fp32"][2][k] - v) <= 1e-6 for k, v in theirs.items())
+            shift = max(abs(runs["amp"][2][k] - v) for k, v in theirs.items())
+            print(f"\n{label}: {n} images, {3 * n} captions ({n_texts} distinct), {args.model} random weights, "
+                  f"batch {args.batch_size}, {args.num_workers} workers")
+            print(f"  clip_benchmark --no_amp  {peer[0]:7.1f} s  peak RSS {peer[1]:.2f} GB")
+            print(f"  clipcache fp32           {runs['fp32'][0]:7.1f} s  peak RSS {runs['fp32'][1]:.2f} GB  "
+                  f"{peer[0] / runs['fp32'][0]:.2f}x clip_benchmark's speed; same recall@k: {same}")
+            print(f"  clipcache --amp (bf16)   {runs['amp'][0]:7.1f} s  peak RSS {runs['amp'][1]:.2f} GB  "
+                  f"{peer[0] / runs['amp'][0]:.2f}x clip_benchmark's fp32 speed; largest shift in recall@k "
+                  f"{shift:.4f}")
+
+
+if __name__ == "__main__":
+    main()
