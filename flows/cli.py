@@ -83,7 +83,9 @@ def _eval_parser(sub: argparse._SubParsersAction, command: str) -> None:
     _flag(models, "model", nargs="+", default=None, help="open_clip architecture, local-dir:PATH, hf-hub:ORG/REPO, "
                                                          "HF/ModelScope id, local directory, or tiny-shapes-clip")
     _flag(models, "pretrained", nargs="+", default=None, help="open_clip pretrained tags or checkpoint files")
-    _flag(models, "pretrained_model", nargs="+", default=None, help="ARCH,PRETRAINED pairs (instead of the product)")
+    _flag(models, "pretrained_model", nargs="+", default=None,
+          help="instead of the product: ARCH,PRETRAINED pairs, collections (openai, openclip_base, "
+               "openclip_multilingual, openclip_all) or files with one ARCH,PRETRAINED per line")
     _flag(models, "model_type", default="auto", choices=["auto", *LOADERS.names()],
           help="which loader reads the model (auto: the first that recognises the name)")
     _flag(models, "arch_config", default=None, help="extra open_clip architecture JSON file or folder")
@@ -101,18 +103,16 @@ def _eval_parser(sub: argparse._SubParsersAction, command: str) -> None:
 
 
 def models_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """clip_benchmark's rule: ``--pretrained_model`` pairs, else the product of ``--model`` and ``--pretrained``."""
+    """clip_benchmark's rule: ``--pretrained_model`` (pairs, collections, files), else the product of ``--model`` and
+    ``--pretrained``."""
     from clipcache.storage.errors import ConfigError
 
     if args.pretrained_model:
         if args.model or args.pretrained:
             raise ConfigError("--pretrained_model: give either it or --model/--pretrained, not both")
-        pairs = []
-        for item in args.pretrained_model:
-            arch, sep, tag = item.partition(",")
-            if not sep or not arch.strip():
-                raise ConfigError(f"--pretrained_model: {item!r} is not ARCH,PRETRAINED")
-            pairs.append((arch.strip(), tag.strip() or None))
+        from clipcache.tasks.models.collections import expand_pretrained_models
+
+        pairs = expand_pretrained_models(args.pretrained_model)
     else:
         if not args.model:
             raise ConfigError("--model is required (or --pretrained_model ARCH,PRETRAINED)")
