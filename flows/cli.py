@@ -143,20 +143,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from clipcache.flows.convert_params import ConvertParams
     from clipcache.flows.evalscope import parse_task_config
 
-    params = parse_task_config(args.config)
-    if isinstance(params, ConvertParams):
-        from clipcache.flows.launch import convert
+    for params in parse_task_config(args.config):  # validated all before the first runs
+        if isinstance(params, ConvertParams):
+            from clipcache.flows.launch import convert
 
-        for result in convert(params):
-            m = result.get("metrics", {})
-            out().print(f"{result['model']} / {result['dataset']}: " + (
-                "skipped (result exists)" if result.get("status") == "skipped" else
-                f"{m['n_captioned']}/{m['n_images']} images captioned ({m['api_calls']} API calls, "
-                f"{m['from_cache']} from cache, {m['n_failed']} failed) -> {m['save_path']}"), highlight=False)
-        return 0
-    from clipcache.flows.launch import evaluate
+            for result in convert(params):
+                m = result.get("metrics", {})
+                out().print(f"{result['model']} / {result['dataset']}: " + (
+                    "skipped (result exists)" if result.get("status") == "skipped" else
+                    f"{m['n_captioned']}/{m['n_images']} images captioned ({m['api_calls']} API calls, "
+                    f"{m['from_cache']} from cache, {m['n_failed']} failed) -> {m['save_path']}"), highlight=False)
+            continue
+        from clipcache.flows.launch import evaluate
 
-    return _show(evaluate(params, False, "auto"), params)
+        _show(evaluate(params, False, "auto"), params)
+    return 0
 
 
 def _show(results: list, params: Any) -> int:
