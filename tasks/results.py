@@ -65,11 +65,12 @@ def metric_rows(run: RunInfo, experiment: Experiment, model_fingerprint: str, me
 
 
 # What --limit / evalscope's `limit` means here, written into every limited result: evalscope's numbers for the same
-# limit come from other samples (whole batches past the limit), so a limited run is never compared blind.
-LIMIT_RULE = ("exactly the first `n` samples in the dataset's order were scored (text_retrieval: the first n queries "
-              "that have a relevant document, against the whole corpus); evalscope's clip_benchmark backend scores "
-              "whole batches until it has at least n samples, and its MTEB backend does not apply limits to custom "
-              "tasks")
+# limit come from other samples (whole batches), so a limited run is never compared blind.
+LIMIT_RULE = ("exactly the first n samples in the dataset's order were scored (text_retrieval: the first n queries "
+              "that have a relevant document, against the whole corpus). evalscope's clip_benchmark backend counts "
+              "whole batches instead: for retrieval it keeps batches until it has at least n images; for "
+              "classification it stops before the batch that reaches n (fewer than n images, none when n <= "
+              "batch_size); its MTEB backend does not apply limits to custom tasks")
 
 
 def result_payload(spec: ModelSpec, experiment: Experiment, metrics: dict[str, float],
