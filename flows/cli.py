@@ -19,8 +19,8 @@ from typing import Any
 FLAG_NAMES = {"datasets": "dataset"}
 NOT_FLAGS = {"models", "verbose", "amp"}
 FLAG_HELP = {
-    "dataset": "shapes, shapes_retrieval, custom, imagefolder, image_labels, wds/<name>, a catalog name "
-               "(clipcache datasets)",
+    "dataset": "shapes, shapes_retrieval, custom, imagefolder, image_labels, wds/<name>, a catalog name, or an "
+               "installed plugin's reader (clipcache datasets)",
 }
 
 

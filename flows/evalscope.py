@@ -84,7 +84,8 @@ class EvalscopeCaptionEval(_EvalscopeCommon):
     task: Literal["image_caption"]
 
 
-def _lower(value: Any) -> Any:
+def tool_name(value: Any) -> Any:
+    """``eval_config.tool`` as evalscope compares it."""
     return value.lower() if isinstance(value, str) else value  # evalscope accepts "MTEB", "CLIP_Benchmark"...
 
 
@@ -94,7 +95,7 @@ class EvalscopeEvalConfig(BaseModel):
     tool: Literal["clip_benchmark"]
     eval: EvalscopeEval
 
-    _tool = field_validator("tool", mode="before")(classmethod(lambda cls, value: _lower(value)))
+    _tool = field_validator("tool", mode="before")(classmethod(lambda cls, value: tool_name(value)))
 
 
 class _CaptionEvalConfig(BaseModel):
@@ -103,7 +104,7 @@ class _CaptionEvalConfig(BaseModel):
     tool: Literal["clip_benchmark"]
     eval: EvalscopeCaptionEval
 
-    _tool = field_validator("tool", mode="before")(classmethod(lambda cls, value: _lower(value)))
+    _tool = field_validator("tool", mode="before")(classmethod(lambda cls, value: tool_name(value)))
 
 
 class WorkDir(BaseModel):
@@ -161,7 +162,7 @@ def parse_task_config(task_cfg: dict[str, Any] | str | Path) -> list[EvaluatePar
     data = load_task_config(task_cfg)
     eval_config = data.get("eval_config")
     section = eval_config.get("eval") if isinstance(eval_config, dict) else None
-    if isinstance(eval_config, dict) and _lower(eval_config.get("tool")) == "mteb":
+    if isinstance(eval_config, dict) and tool_name(eval_config.get("tool")) == "mteb":
         from clipcache.flows.evalscope_mteb import mteb_runs
 
         return list(mteb_runs(data))

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
-from clipcache.flows.evalscope import WorkDir, _lower
+from clipcache.flows.evalscope import WorkDir, tool_name
 from clipcache.flows.params import EvaluateParams, validate
 
 MTEB_K_VALUES = [1, 3, 5, 10, 20, 100, 1000]  # the k MTEB's retrieval tasks report (AbsTaskRetrieval.k_values)
@@ -147,7 +147,7 @@ class MtebToolConfig(BaseModel):
     model: list[MtebModel] | None = None  # evalscope < 1.9
     eval: MtebEval
 
-    _tool = field_validator("tool", mode="before")(classmethod(lambda cls, value: _lower(value)))
+    _tool = field_validator("tool", mode="before")(classmethod(lambda cls, value: tool_name(value)))
 
     @model_validator(mode="after")
     def _one_model_list(self) -> MtebToolConfig:
