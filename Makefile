@@ -14,11 +14,11 @@ export TOKENIZERS_PARALLELISM := false
 
 venv: $(STAMP)
 
+# The example plugin package (docs/plugins.md) is installed too: the test suite uses its loader and dataset reader.
 $(STAMP): pyproject.toml examples/clipcache-plugin-example/pyproject.toml
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -e '.[test]'
-	# the example plugin package (docs/plugins.md): the test suite uses its loader and dataset reader
 	$(VENV)/bin/python -m pip install -q -e examples/clipcache-plugin-example
 	@touch $(STAMP)
 
