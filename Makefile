@@ -14,10 +14,12 @@ export TOKENIZERS_PARALLELISM := false
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The example plugin package (docs/plugins.md) is installed too: the test suite uses its loader and dataset reader.
+$(STAMP): pyproject.toml examples/clipcache-plugin-example/pyproject.toml
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	$(VENV)/bin/python -m pip install -q -e examples/clipcache-plugin-example
 	@touch $(STAMP)
 
 demo: $(STAMP)

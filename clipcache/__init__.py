@@ -18,19 +18,22 @@ __all__ = ["run_task", "connect", "ClipcacheError", "ConfigError", "DatasetError
 def run_task(task_cfg: dict[str, Any] | str) -> list[dict[str, Any]]:
     """Run an evalscope task config; returns one ``{"dataset", "model", "task", "metrics"}`` dict per pair.
 
-    ``task: image_caption`` runs the convert flow (BEIR files); any other task the evaluate flow."""
+    ``tool: clip_benchmark`` with ``task: image_caption`` runs the convert flow (BEIR files); ``tool: mteb`` runs
+    text retrieval on its ``custom_tasks`` folders; any other clip_benchmark task the evaluate flow."""
     from clipcache.flows import launch, runtime
 
     runtime.configure()
     from clipcache.flows.convert_params import ConvertParams
     from clipcache.flows.evalscope import parse_task_config
 
-    params = parse_task_config(task_cfg)
-    if isinstance(params, ConvertParams):
-        return launch.convert(params)
-    results = launch.evaluate(params, cached_only=False)
-    return [{"dataset": r.dataset, "model": r.model, "task": r.task, "metrics": r.metrics, "status": r.status}
-            for r in results]
+    out: list[dict[str, Any]] = []
+    for params in parse_task_config(task_cfg):  # every run is validated before the first starts
+        if isinstance(params, ConvertParams):
+            out += launch.convert(params)
+            continue
+        out += [{"dataset": r.dataset, "model": r.model, "task": r.task, "metrics": r.metrics, "status": r.status}
+                for r in launch.evaluate(params, cached_only=False)]
+    return out
 
 
 def connect(output_dir: str = "outputs"):

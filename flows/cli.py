@@ -19,8 +19,8 @@ from typing import Any
 FLAG_NAMES = {"datasets": "dataset"}
 NOT_FLAGS = {"models", "verbose", "amp"}
 FLAG_HELP = {
-    "dataset": "shapes, shapes_retrieval, custom, imagefolder, image_labels, wds/<name>, a catalog name "
-               "(clipcache datasets)",
+    "dataset": "shapes, shapes_retrieval, custom, imagefolder, image_labels, wds/<name>, a catalog name, or an "
+               "installed plugin's reader (clipcache datasets)",
 }
 
 
@@ -91,7 +91,9 @@ def _eval_parser(sub: argparse._SubParsersAction, command: str, full: bool = Tru
     _flag(models, "model", nargs="+", default=None, help="open_clip architecture, local-dir:PATH, hf-hub:ORG/REPO, "
                                                          "HF/ModelScope id, local directory, or tiny-shapes-clip")
     _flag(models, "pretrained", nargs="+", default=None, help="open_clip pretrained tags or checkpoint files")
-    _flag(models, "pretrained_model", nargs="+", default=None, help="ARCH,PRETRAINED pairs (instead of the product)")
+    _flag(models, "pretrained_model", nargs="+", default=None,
+          help="instead of the product: ARCH,PRETRAINED pairs, collections (openai, openclip_base, "
+               "openclip_multilingual, openclip_all) or files with one ARCH,PRETRAINED per line")
     _flag(models, "model_type", default="auto", choices=["auto", *LOADERS.names()],
           help="which loader reads the model (auto: the first that recognises the name)")
     _flag(models, "arch_config", default=None, help="extra open_clip architecture JSON file or folder")
@@ -109,18 +111,16 @@ def _eval_parser(sub: argparse._SubParsersAction, command: str, full: bool = Tru
 
 
 def models_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """clip_benchmark's rule: ``--pretrained_model`` pairs, else the product of ``--model`` and ``--pretrained``."""
+    """clip_benchmark's rule: ``--pretrained_model`` (pairs, collections, files), else the product of ``--model`` and
+    ``--pretrained``."""
     from clipcache.storage.errors import ConfigError
 
     if args.pretrained_model:
         if args.model or args.pretrained:
             raise ConfigError("--pretrained_model: give either it or --model/--pretrained, not both")
-        pairs = []
-        for item in args.pretrained_model:
-            arch, sep, tag = item.partition(",")
-            if not sep or not arch.strip():
-                raise ConfigError(f"--pretrained_model: {item!r} is not ARCH,PRETRAINED")
-            pairs.append((arch.strip(), tag.strip() or None))
+        from clipcache.tasks.models.collections import expand_pretrained_models
+
+        pairs = expand_pretrained_models(args.pretrained_model)
     else:
         if not args.model:
             raise ConfigError("--model is required (or --pretrained_model ARCH,PRETRAINED)")
@@ -155,20 +155,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from clipcache.flows.convert_params import ConvertParams
     from clipcache.flows.evalscope import parse_task_config
 
-    params = parse_task_config(args.config)
-    if isinstance(params, ConvertParams):
-        from clipcache.flows.launch import convert
+    for params in parse_task_config(args.config):  # validated all before the first runs
+        if isinstance(params, ConvertParams):
+            from clipcache.flows.launch import convert
 
-        for result in convert(params):
-            m = result.get("metrics", {})
-            out().print(f"{result['model']} / {result['dataset']}: " + (
-                "skipped (result exists)" if result.get("status") == "skipped" else
-                f"{m['n_captioned']}/{m['n_images']} images captioned ({m['api_calls']} API calls, "
-                f"{m['from_cache']} from cache, {m['n_failed']} failed) -> {m['save_path']}"), highlight=False)
-        return 0
-    from clipcache.flows.launch import evaluate
+            for result in convert(params):
+                m = result.get("metrics", {})
+                out().print(f"{result['model']} / {result['dataset']}: " + (
+                    "skipped (result exists)" if result.get("status") == "skipped" else
+                    f"{m['n_captioned']}/{m['n_images']} images captioned ({m['api_calls']} API calls, "
+                    f"{m['from_cache']} from cache, {m['n_failed']} failed) -> {m['save_path']}"), highlight=False)
+            continue
+        from clipcache.flows.launch import evaluate
 
-    return _show(evaluate(params, False, "auto"), params)
+        _show(evaluate(params, False, "auto"), params)
+    return 0
 
 
 def _show(results: list, params: Any) -> int:

@@ -23,13 +23,15 @@ def add_catalog_parsers(sub: argparse._SubParsersAction) -> None:
 def catalog_rows(cache_dir: str, hub: str) -> list[dict]:
     from clipcache.flows.cli_cache import human_bytes
     from clipcache.storage.embedding_store import folder_bytes
-    from clipcache.tasks.datasets import DATASETS, REGISTERED_TASKS, catalog
+    from clipcache.tasks.datasets import DATASETS, REGISTERED_TASKS, catalog, registered_task
     from clipcache.tasks.datasets.download import HubDataset, repo_name
 
     rows = []
     for name in DATASETS.names():
-        rows.append({"name": name, "task": REGISTERED_TASKS[name], "source": "bundled" if name.startswith("shapes") else
-                     "your files (--dataset_root)", "cached": "", "size": ""})
+        source = "bundled" if name.startswith("shapes") else "your files (--dataset_root)"
+        if name not in REGISTERED_TASKS:  # a plugin: say which package adds it
+            source = f"{source}; {DATASETS.origin(name)}"
+        rows.append({"name": name, "task": registered_task(name), "source": source, "cached": "", "size": ""})
     for name, row in sorted(catalog().items()):
         source = HubDataset(hub, f"clip-benchmark/{repo_name(name)}")
         root = source.local_root(cache_dir)
@@ -90,12 +92,20 @@ def run_models(args: argparse.Namespace) -> int:
 
 
 def _model_types() -> int:
+    from rich.markup import escape
+
+    from clipcache.storage.errors import ModelError
     from clipcache.tasks.models import LOADERS
+    from clipcache.tasks.models.resolve import get_loader
 
     table = Table(title="model loaders (--model_type)")
     for column in ("name", "what it loads", "from"):
         table.add_column(column)
-    for name, loader in LOADERS.items():
-        table.add_row(name, loader.description, LOADERS.origin(name))
+    for name in LOADERS.names():
+        try:
+            description = get_loader(name).description
+        except ModelError as e:  # a broken plugin is listed with its problem, not hidden
+            description = f"[red]cannot be used[/]: {escape(str(e))}"
+        table.add_row(name, description, LOADERS.origin(name))
     Console(width=None if Console().is_terminal else 160).print(table)
     return 0

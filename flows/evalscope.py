@@ -1,12 +1,18 @@
-"""evalscope's task configuration (``eval_backend: RAGEval``, ``eval_config.tool: clip_benchmark``) -> EvaluateParams.
+"""evalscope's task configuration (``eval_backend: RAGEval``) -> the flows' parameters.
 
-Same keys and defaults as evalscope's CLIP benchmark backend; unknown keys are an error naming the key (evalscope
-silently ignores them). Model ids default to ModelScope, as in evalscope.
+- ``eval_config.tool: clip_benchmark``: EvaluateParams (or, for ``task: image_caption``, ConvertParams), with the
+  same keys and defaults as evalscope's CLIP benchmark backend. Model ids default to ModelScope, as in evalscope.
+- ``eval_config.tool: mteb``: text retrieval of ``custom_tasks`` folders (flows/evalscope_mteb.py).
+- top level ``work_dir`` / ``no_timestamp``: as in evalscope, results go to ``<work_dir>/<YYYYmmdd_HHMMSS>/``
+  (``<work_dir>/`` with ``no_timestamp``) instead of the eval section's output folder.
+
+Unknown keys are an error naming the key (evalscope silently ignores them).
 """
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,11 +84,18 @@ class EvalscopeCaptionEval(_EvalscopeCommon):
     task: Literal["image_caption"]
 
 
+def tool_name(value: Any) -> Any:
+    """``eval_config.tool`` as evalscope compares it."""
+    return value.lower() if isinstance(value, str) else value  # evalscope accepts "MTEB", "CLIP_Benchmark"...
+
+
 class EvalscopeEvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tool: Literal["clip_benchmark"]
     eval: EvalscopeEval
+
+    _tool = field_validator("tool", mode="before")(classmethod(lambda cls, value: tool_name(value)))
 
 
 class _CaptionEvalConfig(BaseModel):
@@ -91,11 +104,33 @@ class _CaptionEvalConfig(BaseModel):
     tool: Literal["clip_benchmark"]
     eval: EvalscopeCaptionEval
 
+    _tool = field_validator("tool", mode="before")(classmethod(lambda cls, value: tool_name(value)))
 
-class EvalscopeTaskConfig(BaseModel):
+
+class WorkDir(BaseModel):
+    """evalscope's top-level ``work_dir`` and ``no_timestamp`` (TaskConfig), shared by every tool's config."""
+
     model_config = ConfigDict(extra="forbid")
 
     eval_backend: Literal["RAGEval"] = "RAGEval"
+    work_dir: str | None = None
+    no_timestamp: bool = False  # without work_dir it changes nothing: the eval section's folder has no timestamp
+
+    def output_dir(self, eval_output: str, given: bool, key: str) -> str:
+        """Where results go: ``<work_dir>/<timestamp>`` as evalscope writes them, or the eval section's folder when
+        there is no work_dir. evalscope ignores that folder when both are set; here that is an error naming both."""
+        if self.work_dir is None:
+            return eval_output
+        if given:
+            raise ConfigError(f"invalid configuration: eval_config.eval.{key} ({eval_output!r}) and work_dir "
+                              f"({self.work_dir!r}) both say where results go; evalscope would use work_dir: "
+                              f"keep one")
+        if self.no_timestamp:
+            return self.work_dir
+        return f"{self.work_dir.rstrip('/')}/{datetime.now().strftime('%Y%m%d_%H%M%S')}"  # evalscope's format
+
+
+class EvalscopeTaskConfig(WorkDir):
     eval_config: EvalscopeEvalConfig
 
 
@@ -117,26 +152,28 @@ def load_task_config(source: dict[str, Any] | str | Path) -> dict[str, Any]:
     return data
 
 
-class EvalscopeCaptionConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    eval_backend: Literal["RAGEval"] = "RAGEval"
+class EvalscopeCaptionConfig(WorkDir):
     eval_config: _CaptionEvalConfig
 
 
-def parse_task_config(task_cfg: dict[str, Any] | str | Path) -> EvaluateParams | ConvertParams:
-    """An evalscope task config -> the evaluate flow's or (task: image_caption) the convert flow's parameters."""
+def parse_task_config(task_cfg: dict[str, Any] | str | Path) -> list[EvaluateParams | ConvertParams]:
+    """An evalscope task config -> the runs it asks for: the evaluate flow's parameters, the convert flow's
+    (clip_benchmark ``task: image_caption``), or one evaluate run per MTEB custom task and split."""
     data = load_task_config(task_cfg)
     eval_config = data.get("eval_config")
-    task = eval_config.get("eval", {}).get("task") if isinstance(eval_config, dict) and isinstance(
-        eval_config.get("eval"), dict) else None
-    if task == "image_caption":
+    section = eval_config.get("eval") if isinstance(eval_config, dict) else None
+    if isinstance(eval_config, dict) and tool_name(eval_config.get("tool")) == "mteb":
+        from clipcache.flows.evalscope_mteb import mteb_runs
+
+        return list(mteb_runs(data))
+    if isinstance(section, dict) and section.get("task") == "image_caption":
         cfg = validate(EvalscopeCaptionConfig, data)
         ev = cfg.eval_config.eval
-        return validate(ConvertParams, {
+        return [validate(ConvertParams, {
             **ev.model_dump(exclude={"models", "dataset_name", "data_dir", "task", "batch_size", "num_workers"}),
-            "models": ev.models, "datasets": ev.dataset_name, "dataset_root": ev.data_dir})
-    return to_evaluate_params(data)
+            "models": ev.models, "datasets": ev.dataset_name, "dataset_root": ev.data_dir,
+            "output_dir": cfg.output_dir(ev.output_dir, "output_dir" in ev.model_fields_set, "output_dir")})]
+    return [to_evaluate_params(data)]
 
 
 def to_evaluate_params(task_cfg: dict[str, Any] | str | Path) -> EvaluateParams:
@@ -149,4 +186,5 @@ def to_evaluate_params(task_cfg: dict[str, Any] | str | Path) -> EvaluateParams:
         "models": [m.model_dump() for m in ev.models],
         "datasets": ev.dataset_name,
         "dataset_root": ev.data_dir,
+        "output_dir": cfg.output_dir(ev.output_dir, "output_dir" in ev.model_fields_set, "output_dir"),
     })

@@ -23,6 +23,7 @@ class Registry(Generic[T]):
         self._entries: dict[str, T | str] = {}
         self._origin: dict[str, str] = {}
         self._plugins_loaded = entry_point_group is None
+        self._plugin_error: Exception | None = None  # a conflicting plugin: raised on every use, not only the first
 
     def register(self, name: str, obj: T | str | None = None) -> Callable[[T], T] | None:
         """``registry.register("x", obj)``, ``registry.register("x", "pkg.mod:attr")`` or ``@registry.register("x")``."""
@@ -43,6 +44,8 @@ class Registry(Generic[T]):
         self._origin[name] = origin
 
     def _load_plugins(self) -> None:
+        if self._plugin_error is not None:
+            raise self._plugin_error
         if self._plugins_loaded:
             return
         self._plugins_loaded = True
@@ -51,8 +54,10 @@ class Registry(Generic[T]):
         for ep in entry_points(group=self.entry_point_group or ""):
             origin = f"entry point {ep.name} = {ep.value} ({ep.dist.name if ep.dist else 'unknown package'})"
             if ep.name in self._entries:
-                raise self.error(f"{origin} registers {self.kind} {ep.name!r}, which is already registered by "
-                                 f"{self._origin[ep.name]}")
+                self._plugin_error = self.error(
+                    f"{origin} registers {self.kind} {ep.name!r}, which is already registered by "
+                    f"{self._origin[ep.name]}; uninstall one of the two packages")
+                raise self._plugin_error
             self._add(ep.name, ep.value, origin)
 
     def __contains__(self, name: object) -> bool:

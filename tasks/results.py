@@ -64,17 +64,30 @@ def metric_rows(run: RunInfo, experiment: Experiment, model_fingerprint: str, me
     return rows
 
 
-def result_payload(spec: ModelSpec, experiment: Experiment, metrics: dict[str, float]) -> dict:
+# What --limit / evalscope's `limit` means here, written into every limited result: evalscope's numbers for the same
+# limit come from other samples (whole batches), so a limited run is never compared blind.
+LIMIT_RULE = ("exactly the first n samples in the dataset's order were scored (text_retrieval: the first n queries "
+              "that have a relevant document, against the whole corpus). evalscope's clip_benchmark backend counts "
+              "whole batches instead: for retrieval it keeps batches until it has at least n images; for "
+              "classification it stops before the batch that reaches n (fewer than n images, none when n <= "
+              "batch_size); its MTEB backend does not apply limits to custom tasks")
+
+
+def result_payload(spec: ModelSpec, experiment: Experiment, metrics: dict[str, float],
+                   n_samples: int | None = None) -> dict:
     """evalscope's four keys first; then what tells this experiment apart (read back by --skip_existing)."""
-    return {"dataset": experiment.dataset, "model": spec.model_name, "task": experiment.task,
-            "metrics": json_safe_metrics(metrics), "pretrained": experiment.pretrained,
-            "language": experiment.language, "experiment_id": experiment.id, "experiment": experiment.as_dict()}
+    payload = {"dataset": experiment.dataset, "model": spec.model_name, "task": experiment.task,
+               "metrics": json_safe_metrics(metrics), "pretrained": experiment.pretrained,
+               "language": experiment.language, "experiment_id": experiment.id, "experiment": experiment.as_dict()}
+    if experiment.sample_limit is not None:
+        payload["limit"] = {"n": experiment.sample_limit, "scored": n_samples, "rule": LIMIT_RULE}
+    return payload
 
 
 def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, model_fingerprint: str,
                        metrics: dict[str, float], tied: dict[str, int], n_samples: int, cache_keys: list[str],
                        output_dir: str, output_template: str | None) -> list[Path]:
-    paths = [write_json(experiment.result_path(output_dir), result_payload(spec, experiment, metrics))]
+    paths = [write_json(experiment.result_path(output_dir), result_payload(spec, experiment, metrics, n_samples))]
     if output_template:
         paths.append(write_json(clip_benchmark_output_path(output_template, spec, experiment), {
             "dataset": experiment.dataset, "model": spec.model_name, "pretrained": spec.pretrained,

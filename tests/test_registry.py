@@ -7,6 +7,7 @@ import pytest
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets import DATASETS, catalog, check_name, open_dataset
 from clipcache.tasks.datasets.base import TASKS
+from clipcache.tasks.models import LOADERS
 from clipcache.tasks.registry import Registry
 from clipcache.tasks.score.metrics import METRICS, flat_metric_name, split_metric_name
 
@@ -31,9 +32,20 @@ def test_registry_lazy_duplicates_and_suggestions():
 
 @pytest.mark.parametrize("name", DATASETS.names())
 def test_every_registered_dataset_loader_imports_and_declares_its_task(name):
-    from clipcache.tasks.datasets import REGISTERED_TASKS
+    """Built-in readers and installed plugins' (entry point group clipcache.datasets) alike."""
+    from clipcache.tasks.datasets import get_reader, registered_task
 
-    assert callable(DATASETS.get(name)) and REGISTERED_TASKS[name] in TASKS
+    assert callable(get_reader(name)) and registered_task(name) in TASKS
+
+
+@pytest.mark.parametrize("name", LOADERS.names())
+def test_every_model_loader_imports_and_describes_itself(name):
+    """Built-in loaders and installed plugins' (entry point group clipcache.models) alike."""
+    from clipcache.tasks.models.loader import ModelLoader
+    from clipcache.tasks.models.resolve import get_loader
+
+    loader = get_loader(name)
+    assert isinstance(loader, ModelLoader) and loader.description and isinstance(loader.priority, int)
 
 
 def test_catalog_has_the_43_benchmark_datasets_each_with_a_task():

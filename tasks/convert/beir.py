@@ -67,15 +67,21 @@ def write_beir(folder: Path, captions: list[str | None], queries: list[list[str]
     return BeirCounts(len(corpus), len(query_rows), len(qrels))
 
 
+def qrels_path(folder: Path, split: str) -> Path:
+    """``qrels/<split>.tsv`` (BEIR), else ``qrels.jsonl`` (evalscope's MTEB 2.x custom tasks: one file for every
+    split)."""
+    tsv = Path(folder) / "qrels" / f"{split}.tsv"
+    return Path(folder) / "qrels.jsonl" if not tsv.is_file() and (Path(folder) / "qrels.jsonl").is_file() else tsv
+
+
 def read_beir(folder: Path, split: str) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, int]]]:
     """(corpus id -> text, query id -> text, qrels query id -> {doc id: score}); title and text are joined as BEIR
     does for dense retrieval ("title text")."""
     folder = Path(folder)
-    paths = {"corpus": folder / "corpus.jsonl", "queries": folder / "queries.jsonl",
-             "qrels": folder / "qrels" / f"{split}.tsv"}
+    paths = {"corpus": folder / "corpus.jsonl", "queries": folder / "queries.jsonl", "qrels": qrels_path(folder, split)}
     for what, path in paths.items():
         if not path.is_file():
-            raise DatasetError(f"BEIR folder {folder}: {path.relative_to(folder)} is missing ({what})")
+            raise DatasetError(f"BEIR folder {folder}: {path.relative_to(folder)} is missing ({what}; or qrels.jsonl)")
     corpus, queries, qrels = {}, {}, {}
     for kind, target in (("corpus", corpus), ("queries", queries)):
         for n, line in enumerate(paths[kind].read_text(encoding="utf-8").splitlines(), start=1):
@@ -87,6 +93,8 @@ def read_beir(folder: Path, split: str) -> tuple[dict[str, str], dict[str, str],
                 target[str(row["_id"])] = text
             except (ValueError, KeyError, TypeError) as e:
                 raise DatasetError(f"{paths[kind]} line {n}: expected {{\"_id\", \"text\"}} ({e})") from e
+    if paths["qrels"].suffix == ".jsonl":
+        return corpus, queries, _jsonl_qrels(paths["qrels"])
     lines = paths["qrels"].read_text(encoding="utf-8").splitlines()
     for n, line in enumerate(lines[1:], start=2):
         parts = line.split("\t")
@@ -94,3 +102,17 @@ def read_beir(folder: Path, split: str) -> tuple[dict[str, str], dict[str, str],
             raise DatasetError(f"{paths['qrels']} line {n}: expected query-id<TAB>corpus-id<TAB>score")
         qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
     return corpus, queries, qrels
+
+
+def _jsonl_qrels(path: Path) -> dict[str, dict[str, int]]:
+    """``{"query-id", "corpus-id", "score"}`` lines; the score is read as evalscope reads it (int, default 1)."""
+    qrels: dict[str, dict[str, int]] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            qrels.setdefault(str(row["query-id"]), {})[str(row["corpus-id"])] = int(row.get("score", 1))
+        except (ValueError, KeyError, TypeError) as e:
+            raise DatasetError(f"{path} line {n}: expected {{\"query-id\", \"corpus-id\", \"score\"}} ({e})") from e
+    return qrels

@@ -6,6 +6,7 @@
 - ``wds/<name>``: the hosted webdataset layout under ``dataset_root`` (a directory or a template with ``{dataset}`` /
   ``{dataset_cleaned}``, as in clip_benchmark).
 - any name from ``catalog.csv`` (the 43 CLIP-benchmark datasets): the same webdataset layout under ``dataset_root``.
+- readers other packages add with an entry point in the group ``clipcache.datasets`` (tasks/datasets/reader.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from clipcache.tasks.datasets.base import EvalDataset
 from clipcache.tasks.registry import Registry
 
 Loader = Callable[[str, Path | None, str, int | None], EvalDataset]
-DATASETS: Registry[Loader] = Registry("dataset", DatasetError)
+DATASETS: Registry[Loader] = Registry("dataset", DatasetError, entry_point_group="clipcache.datasets")
 DATASETS.register("shapes", "clipcache.tasks.datasets.loaders:shapes_classification")
 DATASETS.register("shapes_retrieval", "clipcache.tasks.datasets.loaders:shapes_retrieval")
 DATASETS.register("custom", "clipcache.tasks.datasets.loaders:custom")
@@ -50,6 +51,22 @@ def format_root(template: str, dataset: str) -> Path:
                           f"(placeholders: {{dataset}}, {{dataset_cleaned}})") from e
 
 
+def get_reader(name: str) -> Loader:
+    """The registered reader of ``name`` (a plugin's DatasetReader class is instantiated and checked)."""
+    from clipcache.tasks.datasets.reader import as_reader
+
+    return as_reader(name, DATASETS.get(name), DATASETS.origin(name))
+
+
+def registered_task(name: str) -> str:
+    """The task a registered dataset serves: the built-ins' from REGISTERED_TASKS, a plugin reader's own ``task``."""
+    task = REGISTERED_TASKS.get(name) or getattr(get_reader(name), "task", None)
+    if task is None:
+        raise DatasetError(f"dataset {name!r} ({DATASETS.origin(name)}) declares no task: a plugin's reader is a "
+                           f"DatasetReader with task = 'zeroshot_classification' or 'zeroshot_retrieval'")
+    return task
+
+
 def known_names() -> list[str]:
     return DATASETS.names() + sorted(catalog())
 
@@ -76,8 +93,8 @@ def default_task(name: str, dataset_root: str | None) -> str:
         if dataset_root else None
     if root is not None and (root / "corpus.jsonl").is_file() and (root / "queries.jsonl").is_file():
         return "text_retrieval"
-    if name in REGISTERED_TASKS:
-        return REGISTERED_TASKS[name]
+    if name in DATASETS:
+        return registered_task(name)
     if root is not None and (root / "dataset_type.txt").is_file():
         kind = (root / "dataset_type.txt").read_text(encoding="utf-8").strip().lower()
         return "zeroshot_retrieval" if kind == "retrieval" else "zeroshot_classification"
@@ -93,7 +110,7 @@ def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | N
     check_name(name)
     if name in DATASETS:
         root = format_root(dataset_root, name) if dataset_root else None
-        return DATASETS.get(name)(name, root, split, limit)
+        return get_reader(name)(name, root, split, limit)
     from clipcache.tasks.datasets.wds import load_webdataset
 
     bare = name[len(WDS_PREFIX):] if name.startswith(WDS_PREFIX) else name

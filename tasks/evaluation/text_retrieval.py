@@ -29,7 +29,9 @@ class BeirData:
     gains: list[np.ndarray] = field(default_factory=list)
 
     def identity(self, memo: FileHashMemo) -> dict:
-        files = [self.root / "corpus.jsonl", self.root / "queries.jsonl", self.root / "qrels" / f"{self.split}.tsv"]
+        from clipcache.tasks.convert.beir import qrels_path
+
+        files = [self.root / "corpus.jsonl", self.root / "queries.jsonl", qrels_path(self.root, self.split)]
         return {"format": "beir", "content": memo.fingerprint(files, root=self.root)}
 
 

