@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   - create/refresh .venv, then evaluate the bundled tiny CLIP on the bundled shapes datasets
 #   make test   - create/refresh .venv, then run the test suite (what CI runs)
+#   make test-fast - the fast tier for inner-loop work (pure functions, registries, configs, the CLI in-process)
 PY ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.installed
@@ -10,7 +11,7 @@ export DO_NOT_TRACK := 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test test-fast lint clean
 
 venv: $(STAMP)
 
@@ -25,12 +26,15 @@ $(STAMP): pyproject.toml examples/clipcache-plugin-example/pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/clipcache eval --model tiny-shapes-clip --dataset shapes shapes_retrieval --output_dir outputs --cache_dir cache
 
-test: $(STAMP)
-	$(VENV)/bin/ruff check .
+test: lint
 	$(VENV)/bin/python -m pytest
+
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -m "not full" -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy flows tasks storage
 
 clean:
 	rm -rf outputs cache .prefect

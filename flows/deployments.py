@@ -86,7 +86,7 @@ def runner_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE, names: l
     out = []
     for d in chosen:
         file, _, func = d["entrypoint"].partition(":")
-        flow_obj = load_flow_from_entrypoint(f"{base / file}:{func}", use_placeholder_flow=False)
+        flow_obj: Any = load_flow_from_entrypoint(f"{base / file}:{func}", use_placeholder_flow=False)
         schedules = []
         for s in d.get("schedules") or []:
             if s.get("cron"):

@@ -86,7 +86,7 @@ class MtebModel(BaseModel):
 class MtebCustomTask(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(CUSTOM_TASK, min_length=1)
+    name: str = Field(default=CUSTOM_TASK, min_length=1)
     data_path: str = Field(min_length=1)
     eval_splits: list[str] = Field(default_factory=lambda: ["test"], min_length=1)
 

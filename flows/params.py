@@ -52,7 +52,7 @@ class EvaluateParams(BaseModel):
                                                     "the dataset's (a what-if)")
     recall_k: list[PositiveInt] = Field(default_factory=lambda: [1, 5, 10], min_length=1, description="k values")
     retrieval_metrics: list[RetrievalMetric] = Field(
-        default_factory=lambda: ["recall"], min_length=1,
+        default_factory=lambda: list[RetrievalMetric](["recall"]), min_length=1,
         description="retrieval metric families: recall@k (clip_benchmark's), mrr@k, ndcg@k, rank (mean/median)")
     ties: Literal["topk", "stable"] = Field(
         "topk", description="retrieval ties: topk keeps what torch.topk keeps, as clip_benchmark (default); stable "

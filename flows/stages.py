@@ -50,5 +50,6 @@ class PrefectStages:
 
         key = (name, fn)
         if key not in self._tasks:
-            self._tasks[key] = task(fn, name=name, cache_policy=NO_CACHE)
+            make_task: Any = task  # its overloads do not type a cache policy given by keyword
+            self._tasks[key] = make_task(fn, name=name, cache_policy=NO_CACHE)
         return self._tasks[key].with_options(task_run_name=run_name)(*args, **kwargs)

@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 import numpy as np
-import zarr
 
 from clipcache.storage.atomic import atomic_write_json
 from clipcache.storage.cache_entry import seal_attrs
@@ -28,6 +27,7 @@ from clipcache.storage.cache_keys import (
     entry_key,
 )
 from clipcache.storage.paths import AnyPath, rmtree, url
+from clipcache.storage.zarr_io import member, open_group
 
 
 class EntryWriter:
@@ -98,25 +98,25 @@ class EntryWriter:
             if self.partial.exists():
                 rmtree(self.partial)  # leftovers from before the first committed progress: nothing to trust
             return
-        group = zarr.open_group(url(self.partial), mode="r", zarr_format=3)
-        self.dim = int(group["embeddings"].shape[1])
+        group = open_group(self.partial, "r")
+        self.dim = int(member(group, "embeddings").shape[1])
         rows = int(progress["rows"])
         full = rows // self.chunk_rows * self.chunk_rows
         self.seals = {name: list(progress["seals"].get(name, []))[: full // self.chunk_rows] for name in self.arrays}
         tail_seals = progress.get("tail_seals", {})
         if rows > full:
-            tail = {name: np.asarray(group[name][full:rows]) for name in self.arrays}
+            tail = {name: np.asarray(member(group, name)[full:rows]) for name in self.arrays}
             if all(block_digest(tail[n]) == tail_seals.get(n) for n in self.arrays):
                 self._tail = tail
             else:  # damaged by a kill mid-rewrite: redo the block from its start
                 rows = full
         self.rows_committed = rows
-        self.start_position = int(group["position"][rows - 1]) + 1 if rows else 0
+        self.start_position = int(member(group, "position")[rows - 1]) + 1 if rows else 0
         self.resumed = rows > 0
 
     def _create_arrays(self, dim: int) -> None:
         self.dim = dim
-        group = zarr.open_group(url(self.partial), mode="w", zarr_format=3)
+        group = open_group(self.partial, "w")
         rows = min(self.chunk_rows, self.capacity)  # a small entry is one small chunk, not a padded full one
         group.create_array("embeddings", shape=(self.capacity, dim), chunks=(rows, dim), dtype="float32",
                            compressors=None, fill_value=0.0)
@@ -166,9 +166,9 @@ class EntryWriter:
             start, stop = self.rows_committed, self.rows_committed + n_write
             if stop > self.capacity:
                 raise ValueError(f"entry {self.key}: {stop} rows exceed the declared capacity {self.capacity}")
-            group = zarr.open_group(url(self.partial), mode="r+", zarr_format=3)
+            group = open_group(self.partial, "r+")
             for name, values in merged.items():
-                group[name][start:stop] = values[:n_write]
+                member(group, name)[start:stop] = values[:n_write]
                 block = np.concatenate([self._tail[name], values[:n_write]]) if name in self._tail else values[:n_write]
                 whole = len(block) // self.chunk_rows * self.chunk_rows
                 self.seals[name] += block_digests(block[:whole], self.chunk_rows)
@@ -201,12 +201,13 @@ def publish_entry(store: Any, key_fields: dict[str, Any], kind: str, rows: int, 
     afterwards. ``seals=None``: seal the stored rows now (writers that did not see every row, e.g. sharded ones)."""
     key = entry_key(key_fields)
     partial = store.partial_path(key)
-    group = zarr.open_group(url(partial), mode="r+", zarr_format=3)
+    group = open_group(partial, "r+")
     for name in arrays:
-        arr = group[name]
+        arr = member(group, name)
         arr.resize((rows, *arr.shape[1:]))
     if seals is None:
-        seals = {name: block_digests(np.asarray(group[name][:rows]), store.chunk_rows) for name in arrays}
+        seals = {name: block_digests(np.asarray(member(group, name)[:rows]), store.chunk_rows)
+                 for name in arrays}
     lengths = {}
     for name, values in (extra_arrays or {}).items():
         values = np.ascontiguousarray(values)

@@ -41,9 +41,7 @@ def as_path(location: str | os.PathLike) -> AnyPath:
         return Path(text[len("file://"):] if text.startswith("file://") else text)
     from upath import UPath
 
-    if not isinstance(location, UPath):
-        location = UPath(str(location))
-    return location
+    return location if isinstance(location, UPath) else UPath(str(location))
 
 
 def is_remote(path: AnyPath) -> bool:

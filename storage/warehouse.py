@@ -60,7 +60,8 @@ def _table_view(con: duckdb.DuckDBPyConnection, name: str, folder: AnyPath) -> l
     """``CREATE VIEW name`` over the table's readable files; returns the problems of files it had to leave out.
     Columns that no file has yet (files of an older release) read as typed nulls."""
     schema: pa.Schema = TABLES[name]
-    files, problems = visible_files(folder), []
+    files = visible_files(folder)
+    problems: list[str] = []
     for _ in range(2):
         if not files:
             con.register(f"_{name}_empty", schema.empty_table())  # a typed empty view: queries work before any run

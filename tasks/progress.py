@@ -20,7 +20,7 @@ from rich.text import Text
 
 
 class RateColumn(TaskProgressColumn):
-    def render(self, task) -> Text:  # type: ignore[override]
+    def render(self, task) -> Text:
         speed = task.finished_speed or task.speed
         return Text(f"{speed:,.0f} {task.fields.get('unit', 'it')}/s" if speed else "", style="progress.data.speed")
 

@@ -92,7 +92,7 @@ class Registry(Generic[T]):
                 raise self.error(f"{self.kind} {name!r} ({self._origin[name]}) cannot be imported: "
                                  f"{type(e).__name__}: {e}") from e
             self._entries[name] = obj
-        return obj  # type: ignore[return-value]
+        return obj
 
     def items(self) -> list[tuple[str, Any]]:
         return [(name, self.get(name)) for name in self.names()]

@@ -145,3 +145,16 @@ def wds_retrieval(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def wds_multilabel(tmp_path_factory) -> Path:
     return write_wds(tmp_path_factory.mktemp("wds") / "shapes_ml", "multilabel", 40, shards=1, fmt="jpg")
+
+
+# The fast tier (`make test-fast`) leaves out what needs a Prefect server, other processes, servers or a browser.
+FULL_TIER_FIXTURES = {"prefect_server", "s3_endpoint", "bucket", "hub", "vlm"}
+FULL_TIER_MODULES = {"test_deployments", "test_scaleout", "test_remote_storage", "test_artifacts", "test_packaging"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if (fixtures & FULL_TIER_FIXTURES or item.get_closest_marker("slow") is not None
+                or item.module.__name__.rsplit(".", 1)[-1] in FULL_TIER_MODULES):
+            item.add_marker(pytest.mark.full)

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from clipcache.storage.errors import DatasetError
 
@@ -38,7 +39,9 @@ def _jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def write_beir(folder: Path, captions: list[str | None], queries: list[list[str]], split: str) -> BeirCounts:
-    corpus, query_rows, qrels = [], [], []
+    corpus: list[dict[str, str]] = []
+    query_rows: list[dict[str, str]] = []
+    qrels: list[dict[str, Any]] = []
     for i, (caption, image_queries) in enumerate(zip(captions, queries, strict=True)):
         if caption is None:
             continue
@@ -82,7 +85,9 @@ def read_beir(folder: Path, split: str) -> tuple[dict[str, str], dict[str, str],
     for what, path in paths.items():
         if not path.is_file():
             raise DatasetError(f"BEIR folder {folder}: {path.relative_to(folder)} is missing ({what}; or qrels.jsonl)")
-    corpus, queries, qrels = {}, {}, {}
+    corpus: dict[str, str] = {}
+    queries: dict[str, str] = {}
+    qrels: dict[str, dict[str, int]] = {}
     for kind, target in (("corpus", corpus), ("queries", queries)):
         for n, line in enumerate(paths[kind].read_text(encoding="utf-8").splitlines(), start=1):
             if not line.strip():

@@ -41,5 +41,6 @@ def localize(prompts: ClassPrompts, dataset: str, language: str) -> ClassPrompts
         raise ConfigError(f"language: {language!r} is not available for dataset {dataset!r} (available: "
                           f"{', '.join(available)}; other languages: --classnames / --templates files)")
     target = data[language]
-    return ClassPrompts([target["classnames"][p] for p in positions], list(target["templates"]), language,
+    return ClassPrompts([target["classnames"][p] for p in positions if p is not None], list(target["templates"]),
+                        language,
                         f"{DATA.name} ({language})")

@@ -168,7 +168,8 @@ def _index_shard(ds: WebDataset, shard_id: int, shard: Path, label_ext: str, lab
                 if ext in IMAGE_EXTENSIONS:
                     samples[key]["image"] = _Member(shard_id, info.name, info.offset_data, info.size)
                 elif ext == label_ext:
-                    samples[key]["label"] = tar.extractfile(info).read()
+                    member = tar.extractfile(info)
+                    samples[key]["label"] = member.read() if member is not None else b""
     except (tarfile.TarError, OSError) as e:
         raise DatasetError(f"shard {shard} is not a readable tar file: {e}") from e
     for key in order:

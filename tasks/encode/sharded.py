@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import zarr
 
 from clipcache.storage.atomic import atomic_write_json
 from clipcache.storage.cache_keys import EmbeddingRef, chunk_rows_setting, entry_key
@@ -32,7 +31,8 @@ from clipcache.storage.cache_writer import publish_entry
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import DatasetError, ModelError
 from clipcache.storage.hashing import FileHashMemo, canonical_json
-from clipcache.storage.paths import rmtree, url
+from clipcache.storage.paths import rmtree
+from clipcache.storage.zarr_io import member, open_group
 from clipcache.tasks.datasets.base import EvalDataset
 from clipcache.tasks.encode.stage import ModelSession, distinct_captions, iter_image_batches
 from clipcache.tasks.evaluation.base import DataSource
@@ -167,11 +167,11 @@ def encode_shard(job: ShardJob) -> ShardDone:
         return ShardDone(job.lo, job.hi, 0, tuple(done["skipped"]), cached=True)
     dataset = worker_dataset(job.source, job.identity)
     model = worker_session(job.model).model
-    group = zarr.open_group(url(store.partial_path(job.key)), mode="r+", zarr_format=3)
+    group = open_group(store.partial_path(job.key), "r+")
     skipped: list[int] = []
     if job.role == "image":
         # rows of skipped images stay zero here; publish_sharded drops them (a shard may even skip every image)
-        out = np.zeros((job.hi - job.lo, group["embeddings"].shape[1]), dtype=np.float32)
+        out = np.zeros((job.hi - job.lo, member(group, "embeddings").shape[1]), dtype=np.float32)
         for batch in iter_image_batches(dataset, model.image_transform, job.lo, job.batch_size, job.num_workers,
                                         stop=job.hi):
             if batch.errors and job.on_bad_image == "error":
@@ -185,7 +185,7 @@ def encode_shard(job: ShardJob) -> ShardDone:
         texts = distinct_captions(dataset)[0][job.lo : job.hi]
         out = np.concatenate([model.encode_texts(texts[i : i + job.batch_size])
                               for i in range(0, len(texts), job.batch_size)]).astype(np.float32, copy=False)
-    group["embeddings"][job.lo : job.hi] = out
+    member(group, "embeddings")[job.lo : job.hi] = out
     atomic_write_json(marker, {"lo": job.lo, "hi": job.hi, "skipped": skipped})
     return ShardDone(job.lo, job.hi, job.hi - job.lo - len(skipped), tuple(skipped))
 
@@ -212,13 +212,13 @@ def prepare_entry(store: EmbeddingStore, key_fields: dict[str, Any], plan: Shard
     if existing != plan_doc:
         if partial.exists():
             rmtree(partial)  # another plan, or a single-process partial: its rows are not reusable here
-        group = zarr.open_group(url(partial), mode="w", zarr_format=3)
+        group = open_group(partial, "w")
         rows, chunk = plan.rows, plan.chunk_rows
         group.create_array("embeddings", shape=(rows, dim), chunks=(chunk, dim), dtype="float32",
                            compressors=None, fill_value=0.0)
         group.create_array("position", shape=(rows,), chunks=(chunk,), dtype="int64", compressors=None,
                            fill_value=-1)
-        group["position"][:] = np.arange(rows, dtype=np.int64)
+        member(group, "position")[:] = np.arange(rows, dtype=np.int64)
         for name, values in aux.items():
             arr = group.create_array(name, shape=values.shape, chunks=(chunk, *values.shape[1:]),
                                      dtype=values.dtype, compressors=None)
@@ -238,16 +238,17 @@ def publish_sharded(store: EmbeddingStore, key_fields: dict[str, Any], kind: str
         if not marker.exists():
             raise DatasetError(f"cache entry {key}: shard {lo}..{hi - 1} was not written")
         skipped += json.loads(marker.read_text())["skipped"]
-    group = zarr.open_group(url(store.partial_path(key)), mode="r+", zarr_format=3)
+    group = open_group(store.partial_path(key), "r+")
     names = ["embeddings", "position", *aux_names]
     rows = plan.rows
     if skipped:  # the single-process writer never stores skipped images: close the gaps the same way
         keep = np.ones(plan.rows, dtype=bool)
         keep[skipped] = False
         for name in names:
-            group[name][: int(keep.sum())] = np.asarray(group[name][...])[keep]
+            member(group, name)[: int(keep.sum())] = np.asarray(member(group, name)[...])[keep]
         rows = int(keep.sum())
         if rows == 0:
             raise DatasetError(f"dataset {meta.get('dataset')!r}: none of its {plan.rows} images could be decoded")
-    return publish_entry(store, key_fields, kind, rows, int(group["embeddings"].shape[1]), names, None, meta,
-                         scratch=("plan.json", "shards"), extra_arrays=extra_arrays)
+    dim = int(member(group, "embeddings").shape[1])
+    return publish_entry(store, key_fields, kind, rows, dim, names, None, meta, scratch=("plan.json", "shards"),
+                         extra_arrays=extra_arrays)

@@ -141,7 +141,7 @@ def _load_item(dataset: EvalDataset, transform: Any, index: int) -> tuple[int, t
 
 
 def _collate(items: list[tuple[int, torch.Tensor | None, str | None]]) -> ImageBatch:
-    ok = [(i, t) for i, t, err in items if err is None]
+    ok = [(i, t) for i, t, err in items if t is not None]
     errors = [(i, err) for i, _, err in items if err is not None]
     indices = np.array([i for i, _ in ok], dtype=np.int64)
     return ImageBatch(indices, torch.stack([t for _, t in ok]) if ok else None, errors)
