@@ -1,4 +1,4 @@
-"""``clipcache cache ls | info KEY | verify [KEY ...] | gc``: look after the embedding cache."""
+"""``clipcache cache ls | info KEY | verify [KEY ...] | rm KEY ... | gc``: look after the embedding cache."""
 
 from __future__ import annotations
 
@@ -28,12 +28,16 @@ def add_cache_parser(sub: argparse._SubParsersAction) -> None:
     verify = actions.add_parser("verify", help="check stored keys and chunk checksums; exit 1 if anything is damaged")
     verify.add_argument("keys", nargs="*", help="key prefixes (default: every entry)")
     verify.add_argument("--delete", action="store_true", help="delete damaged entries so the next eval re-encodes them")
+    rm = actions.add_parser("rm", help="delete entries by key prefix (the next eval that needs them re-encodes them)")
+    rm.add_argument("keys", nargs="+", help="key prefixes (each must name one entry)")
     gc = actions.add_parser("gc", help="delete entries by age, pattern or total size (least recently used first)")
     gc.add_argument("--older_than", "--older-than", dest="older_than", help="unused for longer than e.g. 30d, 12h")
     gc.add_argument("--max_size", "--max-size", dest="max_size", help="shrink the cache to at most e.g. 20GB")
     gc.add_argument("--pattern", help="glob over key, model, dataset or kind, e.g. '*ViT-L*'")
     gc.add_argument("--partial", action="store_true", help="also delete interrupted (partial) entries")
     gc.add_argument("--dry_run", "--dry-run", dest="dry_run", action="store_true")
+    for action in (ls, info, verify, rm, gc):  # `cache verify --cache_dir X` works as well as `cache --cache_dir X verify`
+        action.add_argument("--cache_dir", "--cache-dir", dest="cache_dir", default=argparse.SUPPRESS)
     cache.set_defaults(handler=run_cache_command)
 
 
@@ -42,7 +46,7 @@ def run_cache_command(args: argparse.Namespace) -> int:
 
     store = EmbeddingStore(args.cache_dir)
     out = Console(width=None if Console().is_terminal else 160)
-    return {"ls": _ls, "info": _info, "verify": _verify, "gc": _gc}[args.action](store, args, out)
+    return {"ls": _ls, "info": _info, "verify": _verify, "rm": _rm, "gc": _gc}[args.action](store, args, out)
 
 
 def _ls(store, args, out: Console) -> int:
@@ -89,6 +93,14 @@ def _verify(store, args, out: Console) -> int:
             out.print(f"deleted {key}; the next `clipcache eval` that needs it re-encodes it")
     out.print(f"verified {len(keys)} entries: {damaged} damaged")
     return 1 if damaged else 0
+
+
+def _rm(store, args, out: Console) -> int:
+    keys = [store.resolve_prefix(k) for k in args.keys]  # all resolved before anything is deleted
+    for key in keys:
+        store.remove(key)
+        out.print(f"deleted {key}; the next `clipcache eval` that needs it re-encodes it")
+    return 0
 
 
 def _gc(store, args, out: Console) -> int:

@@ -138,9 +138,13 @@ class EmbeddingEntry:
         problems = []
         for name in self.array_names():
             try:
-                self.array(name)
+                values = self.array(name)
             except CacheIntegrityError as e:
                 problems.append(str(e))
+                continue
+            if name == "embeddings" and values.dtype.kind == "f" and not np.isfinite(values).all():
+                row = int(np.flatnonzero(~np.isfinite(values).all(axis=1))[0])
+                problems.append(f"cache entry {self.key}: non-finite embedding at row {row} ({self.path})")
         return problems
 
     def ref(self) -> EmbeddingRef:

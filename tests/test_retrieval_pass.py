@@ -10,6 +10,7 @@ from clip_benchmark.metrics.zeroshot_retrieval import batchify
 from clip_benchmark.metrics.zeroshot_retrieval import recall_at_k as cb_recall_at_k
 
 from clipcache.tasks.score.retrieval import recall_at_k, retrieval_ranks
+from clipcache.tasks.score import retrieval_pass
 from clipcache.tasks.score.retrieval_pass import EPS, recall_counts
 
 CPU = torch.device("cpu")
@@ -137,3 +138,20 @@ def test_exact_rows_computed_in_blocks_give_the_full_products_choice(monkeypatch
     for k in (1, 3, 10):
         ref = clip_benchmark_recall(images, captions, caption_image, k, device)
         assert (recall_at_k(t2i.hits[k], t2i.queries), recall_at_k(i2t.hits[k], i2t.queries)) == ref
+
+
+@pytest.mark.parametrize("width", [16, 23])
+@pytest.mark.parametrize("rule", ["topk", "stable"])
+def test_several_image_tiles_per_row_give_the_same_counts(width, rule, monkeypatch):
+    """Real data has more images than one tile holds (TILE_WIDTH): narrow tiles exercise the running top-k merge
+    across image tiles in both directions."""
+    images, captions, caption_image = tied_data(5, n_images=90)
+    ks = [1, 3, 10]
+    wide_t2i, wide_i2t = ours(images, captions, caption_image, ks, 1 << 26, rule=rule)
+    monkeypatch.setattr(retrieval_pass, "TILE_WIDTH", width)
+    t2i, i2t = ours(images, captions, caption_image, ks, 4 * 20 * width, rule=rule)
+    assert (t2i.hits, t2i.tied, i2t.hits, i2t.tied) == (wide_t2i.hits, wide_t2i.tied, wide_i2t.hits, wide_i2t.tied)
+    if rule == "topk":
+        for k in ks:
+            ref_t2i, ref_i2t = clip_benchmark_recall(images, captions, caption_image, k)
+            assert (recall_at_k(t2i.hits[k], t2i.queries), recall_at_k(i2t.hits[k], i2t.queries)) == (ref_t2i, ref_i2t)

@@ -1,28 +1,45 @@
 """Ranks of positives under a deterministic tie rule, computed block by block with bounded memory.
 
-Tie rule (used by every metric here): candidates are ordered by descending score, equal scores by ascending index —
-what a stable sort gives. The rank of a positive (0 = best) is therefore::
+Tie rule (the "stable" rule; MRR, nDCG and mean/median rank always use it, recall@k with ``--ties stable``):
+candidates are ordered by descending score, equal scores by ascending index — what a stable sort gives. The rank of a
+positive (0 = best) is therefore::
 
     #{j : s_j > s_pos} + #{j < pos : s_j == s_pos}
 
-torch.topk, which LAION clip_benchmark uses, leaves the order among exactly equal scores unspecified; with fp32
-embeddings exact ties are vanishingly rare, so the numbers agree (tests check this against clip_benchmark itself).
-With bf16/fp16 ties are common and this rule makes results reproducible where topk's are not.
+The numbers then do not depend on which index torch.topk happens to keep among exactly equal scores (clip_benchmark's
+recall@k does; the default recall path in retrieval_pass.py reproduces that choice instead).
 
-Each query block computes its full score rows (block x n_candidates) and reads the positive's score from that same
-row, so a positive is compared with bit-identical arithmetic. Memory is block_rows * n_candidates * 4 bytes; the block
-is sized from a byte budget, never a dense queries x candidates matrix.
+Scores are computed as clip_benchmark computes its matrix, ``texts @ images.T`` in torch float32 on the CPU, in
+blocks of at least ``MIN_BLOCK`` rows (the full product's kernel and rounding): an image's row is a column of that
+product. So equal texts or equal images give bit-equal scores, and the ranks agree with the stable recall of
+retrieval_pass.py query for query (NumPy's product does not round duplicates alike). Each query block computes its
+full score rows and reads the positive's score from that same row. Memory is block_rows * n_candidates * 4 bytes; the
+block is sized from a byte budget, never a dense queries x candidates matrix.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
+MIN_BLOCK = 16  # as retrieval_pass.MIN_BLOCK: below this many rows the CPU kernel rounds differently
 DEFAULT_BLOCK_BYTES = 256 * 1024 * 1024
 
 
 def block_rows_for(n_candidates: int, block_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
     return max(1, block_bytes // max(1, 4 * n_candidates))
+
+
+def score_rows(queries: np.ndarray, candidates: np.ndarray, start: int, stop: int,
+               queries_are_images: bool) -> np.ndarray:
+    """Scores of ``queries[start:stop]`` against every candidate, as rows of clip_benchmark's ``texts @ images.T``
+    (its columns when the queries are the images); short blocks are widened to ``MIN_BLOCK`` rows and cut back."""
+    lo = min(start, max(0, stop - MIN_BLOCK))
+    asked = torch.from_numpy(np.ascontiguousarray(queries[lo:stop]))
+    others = torch.from_numpy(np.ascontiguousarray(candidates))
+    with torch.inference_mode():
+        scores = (others @ asked.T).T if queries_are_images else asked @ others.T
+    return scores[start - lo :].contiguous().numpy()
 
 
 def rank_of_positive_in_row(scores: np.ndarray, positive: np.ndarray) -> np.ndarray:
@@ -54,22 +71,25 @@ def best_positive_rank(
     candidates: np.ndarray,
     positives: list[np.ndarray] | np.ndarray,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    queries_are_images: bool = False,
 ) -> np.ndarray:
     """For each query, the best (smallest) rank among its positive candidates.
 
     ``positives`` is either an int array (one positive per query) or a list of int arrays (several per query; each
-    must be non-empty). Scores are ``queries @ candidates.T`` computed in float32. With several positives the best
-    one is the one ranked first, so one rank computation per query suffices.
+    must be non-empty). Scores come from :func:`score_rows` (``queries_are_images``: the queries are the images of
+    ``texts @ images.T``). With several positives the best one is the one ranked first, so one rank computation per
+    query suffices.
     """
     n_q = len(queries)
     ranks = np.empty(n_q, dtype=np.int64)
-    single = isinstance(positives, np.ndarray)
-    block = block_rows_for(len(candidates), block_bytes)
-    cand_t = np.ascontiguousarray(candidates.T)
+    block = max(MIN_BLOCK, block_rows_for(len(candidates), block_bytes))
     for start in range(0, n_q, block):
         stop = min(start + block, n_q)
-        scores = queries[start:stop] @ cand_t
-        chosen = positives[start:stop] if single else best_positive(scores, positives[start:stop])
+        scores = score_rows(queries, candidates, start, stop, queries_are_images)
+        if isinstance(positives, np.ndarray):
+            chosen = positives[start:stop]
+        else:
+            chosen = best_positive(scores, positives[start:stop])
         ranks[start:stop] = rank_of_positive_in_row(scores, chosen)
     return ranks
 
@@ -79,14 +99,14 @@ def all_positive_ranks(
     candidates: np.ndarray,
     positives: list[np.ndarray],
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    queries_are_images: bool = False,
 ) -> list[np.ndarray]:
     """The rank of every positive of every query (needed by nDCG with several relevant items per query)."""
     out: list[np.ndarray] = []
-    block = block_rows_for(len(candidates), block_bytes)
-    cand_t = np.ascontiguousarray(candidates.T)
+    block = max(MIN_BLOCK, block_rows_for(len(candidates), block_bytes))
     for start in range(0, len(queries), block):
         stop = min(start + block, len(queries))
-        scores = queries[start:stop] @ cand_t
+        scores = score_rows(queries, candidates, start, stop, queries_are_images)
         group = positives[start:stop]
         counts = [len(p) for p in group]
         row_of = np.repeat(np.arange(stop - start), counts)

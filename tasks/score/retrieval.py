@@ -53,7 +53,8 @@ def retrieval_ranks(
     i2t = np.full(len(images), NO_POSITIVE, dtype=np.int64)
     if has_caption.any():
         idx = np.flatnonzero(has_caption)
-        i2t[idx] = best_positive_rank(images[idx], texts, [groups[i] for i in idx], block_bytes)
+        i2t[idx] = best_positive_rank(images[idx], texts, [groups[i] for i in idx], block_bytes,
+                                      queries_are_images=True)
     return t2i, i2t
 
 
@@ -110,7 +111,7 @@ def retrieval_metrics(
         has = [i for i, g in enumerate(groups) if len(g)]
         ranked = all_positive_ranks(image_embeddings[has].astype(np.float32, copy=False),
                                     caption_embeddings.astype(np.float32, copy=False), [groups[i] for i in has],
-                                    block_bytes)
+                                    block_bytes, queries_are_images=True)
         i2t_all: list[np.ndarray] = [np.empty(0, np.int64)] * len(groups)
         for i, r in zip(has, ranked, strict=True):
             i2t_all[i] = r

@@ -34,6 +34,7 @@ import torch
 EPS = 1e-5  # |difference| between float32 products of unit vectors from different kernels is ~1e-7
 MIN_BLOCK = 16  # below this many rows (or columns) the CPU kernel takes another path and rounds differently
 SMALL_MATRIX = 1 << 22  # up to this many scores, exact rows come from the one full product clip_benchmark makes
+TILE_WIDTH = 16_384  # images per score tile (its rows: as many captions as the memory budget allows)
 
 
 @dataclass
@@ -91,7 +92,7 @@ def _merge_topk(current: torch.Tensor | None, new: torch.Tensor, k: int, dim: in
 
 
 def _tile_shape(n_c: int, n_i: int, budget: int) -> tuple[int, int]:
-    width = min(n_i, 16_384)
+    width = min(n_i, TILE_WIDTH)
     rows = max(MIN_BLOCK, budget // (4 * max(width, 1)))
     return min(rows, n_c), width
 
