@@ -74,11 +74,14 @@ LIMIT_RULE = ("exactly the first n samples in the dataset's order were scored (t
 
 
 def result_payload(spec: ModelSpec, experiment: Experiment, metrics: dict[str, float],
-                   n_samples: int | None = None) -> dict:
-    """evalscope's four keys first; then what tells this experiment apart (read back by --skip_existing)."""
+                   n_samples: int | None = None, tied: dict[str, int] | None = None) -> dict:
+    """evalscope's four keys first; then what tells this experiment apart (read back by --skip_existing), and the
+    tie-sensitive queries per recall metric when a tie decided any (see --ties)."""
     payload = {"dataset": experiment.dataset, "model": spec.model_name, "task": experiment.task,
                "metrics": json_safe_metrics(metrics), "pretrained": experiment.pretrained,
                "language": experiment.language, "experiment_id": experiment.id, "experiment": experiment.as_dict()}
+    if tied and any(tied.values()):
+        payload["tied_queries"] = dict(tied)
     if experiment.sample_limit is not None:
         payload["limit"] = {"n": experiment.sample_limit, "scored": n_samples, "rule": LIMIT_RULE}
     return payload
@@ -87,7 +90,8 @@ def result_payload(spec: ModelSpec, experiment: Experiment, metrics: dict[str, f
 def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, model_fingerprint: str,
                        metrics: dict[str, float], tied: dict[str, int], n_samples: int, cache_keys: list[str],
                        output_dir: str, output_template: str | None) -> list[Path]:
-    paths = [write_json(experiment.result_path(output_dir), result_payload(spec, experiment, metrics, n_samples))]
+    paths = [write_json(experiment.result_path(output_dir), result_payload(spec, experiment, metrics, n_samples,
+                                                                                  tied))]
     if output_template:
         paths.append(write_json(clip_benchmark_output_path(output_template, spec, experiment), {
             "dataset": experiment.dataset, "model": spec.model_name, "pretrained": spec.pretrained,

@@ -1,6 +1,7 @@
-"""Bad cache entries at the score stage: a non-finite embedding (images, captions or class prompts), an embedding
-dimension or a row count that does not fit the dataset. Each is one line naming the entry and its remedy, a non-zero
-exit, and no metric row in the warehouse. The entries are rewritten with valid seals, so only the score stage's own
+"""The score stage end to end: ties reported in the table, the result JSON and the warehouse; and bad cache
+entries: a non-finite embedding (images, captions or class prompts), an embedding dimension or a row count that does
+not fit the dataset. Each is one line naming the entry and a remedy that works, a non-zero exit, and no metric row in
+the warehouse. The entries are rewritten with valid seals, so only the score stage's own
 checks can catch them."""
 
 from __future__ import annotations
@@ -96,3 +97,24 @@ def test_k_below_one_is_one_line(k, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code != 0 and len(err.splitlines()) == 1 and "recall_k" in err, err
     assert not (tmp_path / "out" / "warehouse" / "metrics").exists()
+
+
+def test_ties_reach_the_table_the_json_and_the_warehouse(tmp_path, capsys):
+    """Repeated captions tie exactly: the table grows a ties column, and the counts are queryable."""
+    import json
+
+    import duckdb
+
+    from conftest import write_wds
+
+    root = write_wds(tmp_path / "ties", "retrieval", 300, shards=1, fmt="png")
+    out = tmp_path / "out"
+    code = main(["eval", "--model", "tiny-shapes-clip", "--dataset", "wds/ties", "--dataset_root", str(root),
+                 "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")])
+    table = capsys.readouterr().out
+    assert code == 0
+    header = next(line for line in table.splitlines() if "metric" in line and "value" in line)
+    assert "ties" in header and "decided by torch.topk" in table
+    result = json.loads(next(out.rglob("wds_ties_zeroshot_retrieval.json")).read_text())
+    tied = duckdb.sql(f"SELECT sum(tied_queries) FROM read_parquet('{out}/warehouse/metrics/**/*.parquet')").fetchall()
+    assert tied[0][0] > 0 and sum(result["tied_queries"].values()) == tied[0][0]
