@@ -73,8 +73,8 @@ def _info(store, args, out: Console) -> int:
     entry = store.open(key)
     out.print_json(json.dumps({"key": key, "path": str(entry.path), "arrays": {
         name: {"shape": list(entry._group[name].shape), "dtype": str(entry._group[name].dtype)}
-        for name in entry._group.array_keys()}, **{k: v for k, v in entry.attrs.items() if k != "chunk_sha256"},
-        "chunks": len(entry.attrs.get("chunk_sha256", []))}, default=str))
+        for name in entry._group.array_keys()}, **{k: v for k, v in entry.attrs.items() if k not in ("chunk_seals", "chunk_sha256")},
+        "chunks": len(entry.attrs.get("chunk_seals", entry.attrs.get("chunk_sha256", [])))}, default=str))
     return 0
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from clipcache.storage.cache_keys import EmbeddingRef, block_digest
+from clipcache.storage.cache_keys import EmbeddingRef, block_matches
 from clipcache.storage.errors import CacheIntegrityError
 from clipcache.storage.hashing import digest
 from clipcache.storage.paths import AnyPath, url
@@ -62,7 +62,7 @@ class EmbeddingEntry:
 
     def seals(self, name: str) -> list[str] | None:
         """Block digests of array ``name``; None for an unsealed array of a legacy entry."""
-        stored = self.attrs.get("chunk_sha256")
+        stored = self.attrs.get("chunk_seals", self.attrs.get("chunk_sha256"))  # chunk_sha256: entries sealed with SHA-256 before
         if isinstance(stored, list):  # clipcache 0.1: embeddings only
             return stored if name == "embeddings" else None
         return (stored or {}).get(name)
@@ -106,11 +106,12 @@ class EmbeddingEntry:
         if seals:
             rows = self.chunk_rows
             blocks = [data[i * rows : (i + 1) * rows] for i in range(len(seals))]
+            if len(blocks) != len(seals):
+                raise self._damaged(name, min(len(blocks), len(seals)))
             with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-                found = list(pool.map(block_digest, blocks))
-            for i, (got, want) in enumerate(zip(found, seals, strict=True)):
-                if got != want:
-                    raise self._damaged(name, i)
+                found = list(pool.map(block_matches, blocks, seals))
+            if not all(found):
+                raise self._damaged(name, found.index(False))
         return data
 
     def embeddings(self, verify: bool = True) -> np.ndarray:
@@ -127,10 +128,11 @@ class EmbeddingEntry:
                 hi = min(lo + step, self.count)
                 data = self._read(name, lo, hi)
                 if seals:
-                    found = pool.map(block_digest, [data[b - lo : b - lo + rows] for b in range(lo, hi, rows)])
-                    for j, digest_ in enumerate(found):
-                        if digest_ != seals[lo // rows + j]:
-                            raise self._damaged(name, lo // rows + j)
+                    first = lo // rows
+                    found = list(pool.map(block_matches, [data[b - lo : b - lo + rows] for b in range(lo, hi, rows)],
+                                          seals[first : first + -(-(hi - lo) // rows)]))
+                    if not all(found):
+                        raise self._damaged(name, first + found.index(False))
                 yield lo, data
 
     def verify(self) -> list[str]:

@@ -1,8 +1,12 @@
 """What names a cache entry and what a reference to one carries: keys, references, per-row array specs, checksums.
 
 A key is the digest of everything that changes the stored vectors (``key_fields``), plus the embedding-spec version.
-Every array of an entry is sealed with SHA-256 digests of its row blocks (``chunk_rows`` rows each), so a changed byte
-in any array, not only in the embeddings, is found on read and by ``cache verify``.
+Every array of an entry is sealed with a checksum of each of its row blocks (``chunk_rows`` rows each), so a changed
+byte in any array, not only in the embeddings, is found on read and by ``cache verify``. Seals are CRC32C
+(``crc32c:<hex>``): it finds the random corruption a cache meets (bit rot, truncated or swapped chunk files) like
+SHA-256 does, at about a tenth of the cost on every read (benchmarks/cache_read.py); nothing here defends against a
+deliberate forgery, which no checksum stored beside the data could. Entries written before carry SHA-256 seals
+(bare hex) and are still verified with SHA-256.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import google_crc32c
 import numpy as np
 
 from clipcache.storage.hashing import digest
@@ -55,8 +60,19 @@ def entry_key(key_fields: dict[str, Any]) -> str:
     return digest({**key_fields, "embedding_spec_version": EMBEDDING_SPEC_VERSION})
 
 
-def block_digest(block: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(block).tobytes()).hexdigest()
+SEAL_ALGORITHM = "crc32c"
+
+
+def block_digest(block: np.ndarray, algorithm: str = SEAL_ALGORITHM) -> str:
+    data = np.ascontiguousarray(block).tobytes()
+    if algorithm == "crc32c":
+        return f"crc32c:{google_crc32c.value(data):08x}"
+    return hashlib.sha256(data).hexdigest()
+
+
+def block_matches(block: np.ndarray, seal: str) -> bool:
+    """Whether ``block`` still has the checksum ``seal`` (CRC32C, or SHA-256 for entries of earlier releases)."""
+    return block_digest(block, "crc32c" if seal.startswith("crc32c:") else "sha256") == seal
 
 
 def block_digests(values: np.ndarray, chunk_rows: int) -> list[str]:

@@ -23,6 +23,7 @@ from clipcache.storage.cache_keys import (
     EmbeddingRef,
     block_digest,
     block_digests,
+    block_matches,
     commit_seconds_setting,
     entry_key,
 )
@@ -106,7 +107,7 @@ class EntryWriter:
         tail_seals = progress.get("tail_seals", {})
         if rows > full:
             tail = {name: np.asarray(member(group, name)[full:rows]) for name in self.arrays}
-            if all(block_digest(tail[n]) == tail_seals.get(n) for n in self.arrays):
+            if all(n in tail_seals and block_matches(tail[n], tail_seals[n]) for n in self.arrays):
                 self._tail = tail
             else:  # damaged by a kill mid-rewrite: redo the block from its start
                 rows = full
@@ -224,7 +225,7 @@ def publish_entry(store: Any, key_fields: dict[str, Any], kind: str, rows: int, 
         "dim": dim,
         "dtype": "float32",
         "chunk_rows": store.chunk_rows,
-        "chunk_sha256": seals,
+        "chunk_seals": seals,
         **({"lengths": lengths} if lengths else {}),
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "meta": meta or {},

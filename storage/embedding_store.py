@@ -49,7 +49,7 @@ def _complete_attrs(path: AnyPath) -> dict[str, Any] | None:
         attrs = json.loads((path / "zarr.json").read_text()).get("attributes", {})
     except (OSError, ValueError):
         return None
-    return attrs if "chunk_sha256" in attrs else None
+    return attrs if "chunk_seals" in attrs or "chunk_sha256" in attrs else None
 
 
 class EmbeddingStore:

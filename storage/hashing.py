@@ -22,12 +22,9 @@ def digest(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
 
 
-def sha256_file(path: Path, block_size: int = 1 << 22) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: Path) -> str:
     with open(path, "rb") as f:
-        while block := f.read(block_size):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class FileHashMemo:

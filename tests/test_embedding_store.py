@@ -9,6 +9,7 @@ import pytest
 import zarr
 
 from clipcache.storage.cache_entry import seal_attrs
+from clipcache.storage.cache_keys import block_digest
 from clipcache.storage.embedding_store import AuxSpec, EmbeddingStore, entry_key
 from clipcache.storage.errors import CacheIntegrityError
 
@@ -39,7 +40,7 @@ def test_round_trip_across_chunk_boundaries(tmp_path):
     np.testing.assert_array_equal(entry.array("target"), targets)
     np.testing.assert_array_equal(entry.array("position"), np.arange(len(data)))
     assert (entry.count, entry.dim, entry.meta) == (len(data), 8, {"note": "x"})
-    assert {name: len(seals) for name, seals in entry.attrs["chunk_sha256"].items()} == \
+    assert {name: len(seals) for name, seals in entry.attrs["chunk_seals"].items()} == \
         {"embeddings": 3, "position": 3, "target": 3}
     assert ref.key == entry_key(FIELDS) and store.has(ref.key)
 
@@ -77,6 +78,25 @@ def test_corrupted_chunk_is_detected(tmp_path):
         store.open(ref.key).embeddings()
 
 
+def test_seals_are_crc32c_and_entries_sealed_with_sha256_still_verify(tmp_path):
+    store = EmbeddingStore(tmp_path, chunk_rows=CHUNK_ROWS)
+    data = np.random.default_rng(3).normal(size=(2 * CHUNK_ROWS + 7, 4)).astype(np.float32)
+    ref, _ = write(store, FIELDS, data, aux=np.arange(len(data)) % 5)
+    group = zarr.open_group(str(store.entry_path(ref.key)), mode="r+")
+    seals = dict(group.attrs)["chunk_seals"]
+    assert all(s.startswith("crc32c:") for values in seals.values() for s in values)
+    # an entry of an earlier release: SHA-256 hex seals under the old attribute name
+    legacy = {name: [block_digest(np.asarray(group[name][lo:lo + CHUNK_ROWS]), "sha256")
+                     for lo in range(0, len(data), CHUNK_ROWS)] for name in seals}
+    attrs = {k: v for k, v in dict(group.attrs).items() if k != "chunk_seals"}
+    group.attrs.clear()
+    group.attrs.update(seal_attrs({**attrs, "chunk_sha256": legacy}))
+    assert store.verify(ref.key) == [] and store.has(ref.key)
+    np.testing.assert_array_equal(store.open(ref.key).embeddings(), data)
+    zarr.open_array(str(store.entry_path(ref.key) / "target"), mode="r+")[CHUNK_ROWS + 3] = 99
+    assert any("target/c/1" in problem for problem in store.verify(ref.key))
+
+
 def test_interrupted_write_is_invisible_then_resumes_bit_identical(tmp_path):
     store = EmbeddingStore(tmp_path, chunk_rows=CHUNK_ROWS)
     data = np.random.default_rng(2).normal(size=(3 * CHUNK_ROWS + 10, 6)).astype(np.float32)
@@ -93,7 +113,7 @@ def test_interrupted_write_is_invisible_then_resumes_bit_identical(tmp_path):
     np.testing.assert_array_equal(store.open(ref.key).embeddings(), data)
     clean = EmbeddingStore(tmp_path / "clean", chunk_rows=CHUNK_ROWS)
     ref2, _ = write(clean, FIELDS, data)
-    assert store.open(ref.key).attrs["chunk_sha256"] == clean.open(ref2.key).attrs["chunk_sha256"]
+    assert store.open(ref.key).attrs["chunk_seals"] == clean.open(ref2.key).attrs["chunk_seals"]
 
 
 def test_skipped_positions_are_recorded(tmp_path):

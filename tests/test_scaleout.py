@@ -30,7 +30,7 @@ def _entries(root) -> dict[str, dict[str, np.ndarray]]:
     for key in store.keys():
         entry = store.open(key)
         out[key] = {name: entry.array(name) for name in entry._group.array_keys()}
-        out[key]["chunk_sha256"] = np.array(entry.attrs["chunk_sha256"])
+        out[key]["chunk_seals"] = np.array(entry.attrs["chunk_seals"])
         assert store.verify(key) == []
     return out
 
