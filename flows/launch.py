@@ -1,8 +1,8 @@
 """How a CLI or Python call runs a flow: as a Prefect flow run when a Prefect server is there to see it, else as
 plain calls with no orchestrator start-up.
 
-- ``auto`` (default): Prefect when ``PREFECT_API_URL`` is set or a background server from ``clipcache server start``
-  is up (its URL is then used); otherwise the local path, which runs the same stages in the same order
+- ``auto`` (default): Prefect when ``PREFECT_API_URL`` is set (in the environment or the active Prefect profile) or
+  a background server from ``clipcache server start`` is up (its URL is then used); otherwise the local path, which runs the same stages in the same order
   (flows/stages.py) and writes the same files and rows, in a fraction of the time (Prefect's temporary server alone
   costs 5-15 s per call). ``--task_runner`` other than ``none`` needs Prefect's task runners, so it implies Prefect.
 - ``prefect``: always a flow run; with no server configured, a private server is started for the call and stopped
@@ -22,9 +22,30 @@ from typing import Any
 from clipcache.flows.params import EvaluateParams
 
 
+def profile_api(home: str | os.PathLike | None = None) -> str | None:
+    """PREFECT_API_URL of the active Prefect profile (what `prefect config set PREFECT_API_URL=...` writes), read
+    from ``$PREFECT_HOME/profiles.toml`` without importing Prefect: PREFECT_PROFILE names the profile, else the
+    file's ``active`` key."""
+    import tomllib
+    from pathlib import Path
+
+    from clipcache.flows.prefect_server import prefect_home
+
+    path = Path(home or prefect_home()) / "profiles.toml"
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    name = os.environ.get("PREFECT_PROFILE") or document.get("active")
+    settings = (document.get("profiles") or {}).get(name) if isinstance(name, str) else None
+    url = settings.get("PREFECT_API_URL") if isinstance(settings, dict) else None
+    return url if isinstance(url, str) and url else None
+
+
 def configured_api() -> str | None:
-    """The Prefect API this process should report to, if any (PREFECT_API_URL, else a running background server)."""
-    if url := os.environ.get("PREFECT_API_URL"):
+    """The Prefect API this process should report to, if any: PREFECT_API_URL, else the active Prefect profile's,
+    else a running background server from `clipcache server start`."""
+    if url := os.environ.get("PREFECT_API_URL") or profile_api():
         return url
     from clipcache.flows.prefect_server import running
 

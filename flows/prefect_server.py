@@ -89,7 +89,14 @@ def _spawn(port: int, log: Path, private: bool) -> subprocess.Popen:
                                 preexec_fn=_die_with_parent if private and sys.platform == "linux" else None)
 
 
-def _wait_healthy(process: subprocess.Popen, api_url: str, log: Path, progress=None) -> None:
+def _wait_healthy(process: subprocess.Popen, api_url: str, log: Path) -> None:
+    from clipcache.tasks.progress import StageProgress
+
+    with StageProgress().status(f"starting a Prefect server on {api_url.removesuffix('/api')} (log: {log})"):
+        _poll_healthy(process, api_url, log)
+
+
+def _poll_healthy(process: subprocess.Popen, api_url: str, log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if process.poll() is not None:
