@@ -67,6 +67,9 @@ class RunContext:
     memo: FileHashMemo
     progress: StageProgress
     encoder: Any = None  # flows.scaleout.ShardedEncoder when --task_runner shards encoding
+    # experiment id -> the pair that took it: one set of weights named twice (a file and its copy) is one experiment,
+    # and a second set of its rows in this run would break the (run, experiment, metric, k) grain
+    seen: dict[str, str] = field(default_factory=dict)
 
     @property
     def data_dir(self) -> str:
@@ -123,6 +126,11 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
     experiment = experiment_for(ctx, spec, session, task, prepared, language)
     result = PairResult(spec.display_name, dataset, task.name, experiment.pretrained, language,
                         experiment_id=experiment.id, run_id=ctx.run.run_id)
+    if (first := ctx.seen.get(experiment.id)) is not None:
+        log.info("%s: skipped, same experiment as %s", where, first)
+        result.status = "skipped"
+        return result
+    ctx.seen[experiment.id] = where
     if params.skip_existing and (found := existing_result(experiment, params.output_dir)) is not None:
         log.info("%s: skipped, %s exists", where, found)
         result.status, result.files = "skipped", [str(found)]

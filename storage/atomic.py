@@ -4,17 +4,38 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from clipcache.storage.paths import is_remote, write_via_temp
 
-# mkstemp creates files readable by their owner only; published files get the mode a plain open() would give them.
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
-FILE_MODE = 0o666 & ~_UMASK
+
+def _create_temp(path: Path) -> Path:
+    """An empty, new temporary file beside ``path``, created with mode 0o666 so that the kernel applies the umask in
+    force now (mkstemp's 0o600 would publish files that only their owner can read; a umask read once at import would
+    miss a later change)."""
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def staging_dir(path: Path) -> Path:
+    """A new, empty folder beside ``path`` to fill and then rename over it. Created with mode 0o777 for the same
+    reason as the files above: mkdtemp's 0o700 would publish a folder that only its owner can enter."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        staging = path.parent / f".{path.name}.{secrets.token_hex(6)}"
+        try:
+            os.mkdir(staging, 0o777)
+            return staging
+        except FileExistsError:
+            continue
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -26,14 +47,12 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = _create_temp(path)
     try:
-        write(Path(tmp))
-        os.chmod(tmp, FILE_MODE)
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -6,8 +6,10 @@ Views:
 - ``metrics``: the metric rows of completed runs: a run's rows become visible together with its run row, and rows of
   failed or killed runs never count.
 - ``metrics_all``: every metric row with its run's ``status`` (null: no run row, i.e. killed before it ended).
-- ``leaderboard``: per (model, checkpoint, dataset, split, language, task, precision, metric, k), the value of the
+- ``leaderboard``: per (model, checkpoint, dataset, split, language, task, precision), every metric row of the
   latest completed reference run: full data (no sample limit), the dataset's own prompts, default task settings.
+  Whole runs are chosen, not metric by metric, so a metric that the latest run no longer computes (recall@50 after
+  ``--recall_k 1 5``) does not linger from an older run; dbt's ``latest_metrics`` mart uses the same rule.
   Limited runs and what-ifs stay in ``metrics`` with their options as columns and never reach it.
 
 DuckDB reads the files in place (no load step). A connection sees the files published when it was opened, minus
@@ -27,7 +29,8 @@ from clipcache.storage.errors import ResultsError
 from clipcache.storage.paths import AnyPath, is_remote, url
 from clipcache.storage.results import TABLES, file_problem, visible_files, warehouse_dir
 
-LEADERBOARD_GRAIN = ("model", "checkpoint", "dataset", "split", "language", "task", "precision", "metric")
+# A leaderboard entry: one latest reference run is chosen per grain (dbt_reports/models/marts/latest_metrics.sql).
+LEADERBOARD_GRAIN = ("model", "checkpoint", "dataset", "split", "language", "task", "precision")
 LEADERBOARD_COLUMNS = ("model", "pretrained", "checkpoint", "dataset", "split", "language", "task", "precision",
                        "metric", "k", "value", "n_samples", "tied_queries", "run_id", "created_at", "experiment_id")
 ALLOWED_STATEMENTS = ("SELECT", "EXPLAIN")
@@ -89,10 +92,10 @@ def _derived_views(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("CREATE VIEW metrics_all AS SELECT m.*, r.status FROM _metric_rows m LEFT JOIN runs r USING (run_id)")
     con.execute("CREATE VIEW metrics AS SELECT m.* FROM _metric_rows m SEMI JOIN "
                 "(SELECT run_id FROM runs WHERE status = 'completed') USING (run_id)")
-    partition = ", ".join(LEADERBOARD_GRAIN) + ", coalesce(k, -1)"
     con.execute(f"CREATE VIEW leaderboard AS SELECT {', '.join(LEADERBOARD_COLUMNS)} FROM metrics "
                 f"WHERE sample_limit IS NULL AND default_prompts AND task_options = '{{}}' "
-                f"QUALIFY row_number() OVER (PARTITION BY {partition} ORDER BY created_at DESC, run_id DESC) = 1")
+                f"QUALIFY dense_rank() OVER (PARTITION BY {', '.join(LEADERBOARD_GRAIN)} "
+                f"ORDER BY created_at DESC, run_id DESC) = 1")
 
 
 def open_warehouse(output_dir: str | os.PathLike = "outputs", read_only: bool = False,

@@ -4,6 +4,7 @@ leaderboard shows only complete reference runs (issue: results you can trust).""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import stat
@@ -152,6 +153,102 @@ def test_result_files_follow_the_umask(tmp_path, capsys):
     assert written and all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in written)
 
 
+def test_atomic_writes_follow_the_umask_in_force_when_they_write(tmp_path):
+    from clipcache.storage.atomic import atomic_write_text
+
+    previous = os.umask(0o027)  # after the module was imported: the mode must not be fixed at import time
+    try:
+        atomic_write_text(tmp_path / "a.json", "{}\n")
+        os.umask(0o022)
+        atomic_write_text(tmp_path / "b.json", "{}\n")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o640
+    assert stat.S_IMODE((tmp_path / "b.json").stat().st_mode) == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]  # no temporary file left behind
+
+
+def test_converted_beir_folders_follow_the_umask(tmp_path):
+    from clipcache.tasks.convert.beir import write_beir
+
+    folder = tmp_path / "captioner" / "shapes" / "retrieval_data"
+    previous = os.umask(0o022)
+    try:
+        write_beir(folder, ["a red circle", None], [["red circle"], ["blue square"]], "test")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+    assert stat.S_IMODE((folder / "qrels").stat().st_mode) == 0o755
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in folder.rglob("*") if p.is_file())
+
+
+def _model_folder(path, noise_seed: int | None):
+    """A copy of the bundled model at ``path``; ``noise_seed``: other weights (another checkpoint)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(TINY_MODEL, path)
+    if noise_seed is not None:
+        import torch
+
+        weights = load_file(path / "open_clip_model.safetensors")
+        noise = torch.randn(weights["visual.proj"].shape, generator=torch.Generator().manual_seed(noise_seed))
+        weights["visual.proj"] = weights["visual.proj"] + noise
+        save_file(weights, path / "open_clip_model.safetensors")
+    return path
+
+
+def test_two_model_folders_of_one_name_live_side_by_side(tmp_path, capsys):
+    a = _model_folder(tmp_path / "run_a" / "checkpoint-1000", None)
+    b = _model_folder(tmp_path / "run_b" / "checkpoint-1000", 0)
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    code, _, err = run_cli(capsys, "eval", "--model", str(a), str(b), "--dataset", "shapes", "--limit", "20",
+                           out=out, cache=cache)
+    assert code == 0, err
+    files = result_files(out)
+    assert len(files) == 2 and all(f.startswith("checkpoint-1000/checkpoint-1000@") for f in files), files
+    labels = connect(out).sql("select distinct pretrained from metrics order by 1").fetchall()
+    assert len(labels) == 2 and all(label.startswith("checkpoint-1000@") for (label,) in labels)
+
+
+def test_one_checkpoint_under_two_names_is_evaluated_once_per_run(checkpoints, tmp_path, capsys):
+    arch, (a, _) = checkpoints
+    latest = a.with_name("latest.safetensors")
+    shutil.copy(a, latest)  # the same bytes under another name: the same experiment
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    flow_log = logging.getLogger("clipcache.flow")
+    flow_log.addHandler(handler)
+    try:
+        code, stdout, err = run_cli(capsys, "eval", "--model", ARCH, "--arch_config", str(arch), "--pretrained",
+                                    str(a), str(latest), "--dataset", "shapes", "--limit", "20", "--orchestrator",
+                                    "local", out=out, cache=cache)
+    finally:
+        flow_log.removeHandler(handler)
+    assert code == 0, err
+    assert stdout.count("skipped") == 1
+    assert any("skipped, same experiment as" in line and "epoch_32.safetensors" in line for line in lines), lines
+    assert len(result_files(out)) == 1
+    con = connect(out)
+    assert con.sql("select count(distinct experiment_id), count(*) = count(distinct (metric, k)) from metrics"
+                   ).fetchall() == [(1, True)]
+
+
+def test_the_leaderboard_shows_whole_runs_not_metrics_left_from_older_ones(wds_retrieval, tmp_path, capsys):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    base = ["eval", "--model", "tiny-shapes-clip", "--dataset", "wds/shapes_ret", "--dataset_root", str(wds_retrieval)]
+    assert run_cli(capsys, *base, "--recall_k", "1", "5", "50", out=out, cache=cache)[0] == 0
+    assert run_cli(capsys, *base, "--recall_k", "1", "5", out=out, cache=cache)[0] == 0
+    con = connect(out)
+    assert con.sql("select count(distinct run_id), count(distinct experiment_id) from metrics where k = 50"
+                   ).fetchall() == [(1, 1)]
+    latest = con.sql("select run_id from runs order by created_at desc limit 1").fetchall()
+    assert con.sql("select distinct run_id from leaderboard").fetchall() == latest
+    assert con.sql("select count(*) from leaderboard where k = 50").fetchall() == [(0,)]
+    assert con.sql("select count(*) from leaderboard where k = 5").fetchall() == [(2,)]  # both directions
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--dataset", "shapes_retrieval", "--language", "cn"],
      "language: 'cn' is not available for dataset 'shapes_retrieval' (available: en)"),
@@ -198,4 +295,13 @@ def test_a_warehouse_of_release_0_1_migrates_with_nothing_lost(tmp_path, capsys)
     # the bundled model still resolves to the fingerprint the rows recorded: its rows got its checkpoint identity
     assert con.sql("select distinct checkpoint like 'sha256:%' from metrics where model = 'tiny-shapes-clip'"
                    ).fetchall() == [(True,)]
+    # classification rows with the dataset's own prompts got their hash: a new run of the same experiment lines up
+    query = ("select distinct run_id, experiment_id, prompts_sha256 from metrics where dataset = 'shapes' "
+             "and sample_limit = 100")
+    [(old_run, experiment_id, prompts)] = con.sql(query).fetchall()
+    assert prompts is not None
     assert main(["report", "--output_dir", str(out)]) == 0
+    assert run_cli(capsys, "eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "100",
+                   out=out, cache=tmp_path / "cache")[0] == 0
+    new = connect(out).sql(f"{query} and run_id <> '{old_run}'").fetchall()
+    assert [row[1:] for row in new] == [(experiment_id, prompts)]

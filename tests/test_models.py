@@ -84,6 +84,8 @@ def test_hugging_face_models_from_local_folders(tmp_path, memo, kind):
     folder = make_hf_model(tmp_path / kind, kind)
     resolved = resolve_model(ModelSpec(model_name=str(folder)), memo)
     assert resolved.loader == "hf"
+    # a folder is shown by its name and a prefix of its content hash, as a weights file is
+    assert resolved.checkpoint_label == f"{kind}@{resolved.checkpoint.removeprefix('sha256:')[:8]}"
     model = load_model(resolved, CPU, amp=False)
     img, txt = encode_both(model)
     assert img.shape == (3, 16 if kind != "siglip" else 32) and txt.shape[0] == 2

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clipcache.storage.atomic import staging_dir
 from clipcache.storage.errors import DatasetError
 
 
@@ -51,8 +51,7 @@ def write_beir(folder: Path, captions: list[str | None], queries: list[list[str]
             query_id = f"query-{len(query_rows)}"
             query_rows.append({"_id": query_id, "text": text})
             qrels.append({"query-id": query_id, "corpus-id": doc_id, "score": 1})
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    staging = staging_dir(folder)
     try:
         _jsonl(staging / "corpus.jsonl", corpus)
         _jsonl(staging / "queries.jsonl", query_rows)

@@ -9,21 +9,24 @@ from pathlib import Path
 
 from clipcache.storage.errors import ModelError
 from clipcache.storage.hashing import FileHashMemo
-from clipcache.tasks.models.loader import ModelLoader, ResolvedModel, dir_fingerprint, library_version
+from clipcache.tasks.models.loader import ModelLoader, ResolvedModel, dir_checkpoint, library_version
 from clipcache.tasks.models.spec import ModelSpec
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
-def resolve_hf(loader: str, source: str, spec: ModelSpec, memo: FileHashMemo, library: str) -> ResolvedModel:
-    """A local folder (by content) or a hub id (by id and revision)."""
+def resolve_hf(loader: str, source: str, spec: ModelSpec, memo: FileHashMemo, library: str,
+               named: bool = False) -> ResolvedModel:
+    """A local folder (by content) or a hub id (by id and revision). ``named``: the folder stands for a name the user
+    gave (a bundled model, a ModelScope download), which already tells it apart: it gets no folder label."""
     base = {"loader": loader, "library": f"{library} {library_version(library)}"}
     path = Path(source).expanduser()
     if path.is_dir():
         if loader == "hf" and not (path / "config.json").is_file():
             raise ModelError(f"model {spec.model_name!r}: {path} has no config.json (not a Hugging Face model folder)")
-        content = dir_fingerprint(path.resolve(), memo)
-        return ResolvedModel(loader, str(path.resolve()), None, None, {**base, "content": content}, f"sha256:{content}")
+        checkpoint, label = dir_checkpoint(path.resolve(), memo)
+        return ResolvedModel(loader, str(path.resolve()), None, None, {**base, "content": checkpoint[len("sha256:"):]},
+                             checkpoint, None if named else label)
     if spec.hub == "local" or source.startswith(("/", ".", "~")):
         raise ModelError(f"model {spec.model_name!r}: folder {path} does not exist")
     revision = spec.revision or "main"
@@ -78,7 +81,7 @@ class ModelScopeLoader(HFLoader):
         return spec.hub == "modelscope" and bool(HUB_ID.match(spec.model_name)) and not Path(spec.model_name).exists()
 
     def resolve(self, spec, memo, model_cache_dir):
-        return resolve_hf("hf", modelscope_folder(spec, model_cache_dir), spec, memo, "transformers")
+        return resolve_hf("hf", modelscope_folder(spec, model_cache_dir), spec, memo, "transformers", named=True)
 
     def known_names(self) -> list[str]:
         from clipcache.tasks.models.presets import presets

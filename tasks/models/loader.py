@@ -36,7 +36,7 @@ class ResolvedModel:
     revision: str | None
     identity: dict[str, Any]  # everything that changes vectors: part of every cache key
     checkpoint: str = ""  # the weights' identity in results: "tag:..", "sha256:..", "hub:..@..", "random-init:0"
-    checkpoint_label: str | None = None  # readable: the tag, "<file>@<hash prefix>", a revision
+    checkpoint_label: str | None = None  # readable: the tag, "<file or folder>@<hash prefix>", a revision
     arch_config: str | None = None  # open_clip: an extra architecture JSON file or folder to register before loading
 
     @property
@@ -59,6 +59,13 @@ def dir_fingerprint(path: Path, memo: FileHashMemo) -> str:
     files = sorted(p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
                                                                             p.relative_to(path).parts))
     return memo.fingerprint(files, root=path)
+
+
+def dir_checkpoint(path: Path, memo: FileHashMemo) -> tuple[str, str]:
+    """(identity, label) of a model folder, like :func:`file_checkpoint`: training runs save folders with the same
+    names (``checkpoint-1000``), so the name alone would put two of them in one result file."""
+    content = dir_fingerprint(path, memo)
+    return f"sha256:{content}", f"{path.name}@{content[:8]}"
 
 
 def file_checkpoint(path: Path, memo: FileHashMemo) -> tuple[str, str]:

@@ -19,7 +19,7 @@ from clipcache.tasks.models.loader import (
     WEIGHT_SUFFIXES,
     ModelLoader,
     ResolvedModel,
-    dir_fingerprint,
+    dir_checkpoint,
     file_checkpoint,
     library_version,
 )
@@ -105,9 +105,12 @@ class OpenClipLoader(ModelLoader):
             weights = [p for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES]
             if not weights:
                 raise ModelError(f"model {spec.model_name!r}: no weights file (*.safetensors, *.bin, *.pth) in {path}")
-            content = dir_fingerprint(path, memo)
-            identity = {**base, "config": json.loads(config.read_text()), "weights": content}
-            return ResolvedModel("open_clip", f"local-dir:{path}", None, None, identity, f"sha256:{content}")
+            checkpoint, label = dir_checkpoint(path, memo)
+            identity = {**base, "config": json.loads(config.read_text()), "weights": checkpoint[len("sha256:"):]}
+            # a bundled model, however it is named, is told apart by its name (and keeps evalscope's result layout)
+            bundled = path in {p.resolve() for p in BUNDLED.values()}
+            return ResolvedModel("open_clip", f"local-dir:{path}", None, None, identity, checkpoint,
+                                 None if bundled else label)
         if name.startswith("hf-hub:"):
             revision = spec.revision or "main"
             identity = {**base, "hf_hub": name[len("hf-hub:"):], "revision": revision}

@@ -23,12 +23,14 @@ class SentenceTransformersLoader(ModelLoader):
         return spec.model_name in BUNDLED_TEXT or (Path(spec.model_name).expanduser() / "modules.json").is_file()
 
     def resolve(self, spec, memo, model_cache_dir):
-        source = spec.model_name
+        source, named = spec.model_name, True
         if source in BUNDLED_TEXT:
             source = str(importlib.import_module(BUNDLED_TEXT[source]).get_model_path())
         elif spec.hub == "modelscope" and HUB_ID.match(source) and not Path(source).expanduser().exists():
             source = modelscope_folder(spec, model_cache_dir)  # evalscope's default hub for its MTEB models
-        return resolve_hf("sentence_transformers", source, spec, memo, "sentence-transformers")
+        else:
+            named = False
+        return resolve_hf("sentence_transformers", source, spec, memo, "sentence-transformers", named)
 
     def load(self, resolved, device, amp, cache_dir):
         from clipcache.tasks.models.st_model import SentenceTransformerModel
