@@ -25,9 +25,9 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def metric_row(run_id, created_at, model="m", dataset="d", task="zeroshot_classification", metric="acc", k=1,
-               value=0.5, higher=True, pretrained=None, limit=None, default_prompts=True):
+               value=0.5, higher=True, pretrained=None, limit=None, default_prompts=True, language="en"):
     experiment = Experiment(model=model, checkpoint=f"tag:{pretrained or 'none'}", dataset=dataset, split="test",
-                            language="en", task=task, sample_limit=limit, default_prompts=default_prompts,
+                            language=language, task=task, sample_limit=limit, default_prompts=default_prompts,
                             prompts=None if default_prompts else "ab" * 32, pretrained=pretrained)
     return {"run_id": run_id, "created_at": created_at, **experiment.columns(), "model_fingerprint": "f",
             "metric": metric, "k": k, "value": value, "higher_is_better": higher, "n_samples": 10,
@@ -44,8 +44,9 @@ def write_run(out, when, rows, status="completed"):
 
 
 def add_everything_else(out):
-    """What a real warehouse also holds: a second checkpoint, a limited smoke run, a what-if, text retrieval rows
-    and a failed run; none of the extra runs may change the leaderboard's values of the first checkpoint."""
+    """What a real warehouse also holds: a second checkpoint, a limited smoke run, a what-if, text retrieval rows,
+    a run in another language and a failed run; none of the extra runs may change the leaderboard's values of the
+    first checkpoint in English."""
     late = T0 + timedelta(days=3)
     write_run(out, late, [{"model": "model-a", "pretrained": "epoch_32.pt@0f0f0f0f", "dataset": "cls",
                            "value": 0.5}])
@@ -53,6 +54,7 @@ def add_everything_else(out):
     write_run(out, late, [{"model": "model-a", "dataset": "cls", "value": 0.98, "default_prompts": False}])
     write_run(out, late, [{"model": "minilm", "dataset": "beir", "task": "text_retrieval", "metric": "ndcg", "k": 10,
                            "value": 0.42}])
+    write_run(out, late, [{"model": "model-a", "dataset": "cls", "value": 0.33, "language": "cn"}])
     write_run(out, late, [{"model": "model-a", "dataset": "cls", "value": 0.97}], status="failed")
 
 
@@ -162,7 +164,11 @@ def test_dbt_build_and_report_in_a_real_browser(history, tmp_path):
 
     con = duckdb.connect(str(history / "report" / "reports.duckdb"))
     board = {(m, p, d): v for m, p, d, v in
-             con.sql("select model, pretrained, dataset, main_value from leaderboard").fetchall()}
+             con.sql("select model, pretrained, dataset, main_value from leaderboard where language = 'en'").fetchall()}
+    # another language is its own row and its own column in the report, never mixed into the English one
+    assert con.sql("select dataset_label, main_value from leaderboard where language = 'cn'").fetchall() == \
+        [("cls [cn]", pytest.approx(0.33))]
+    assert "cls [cn]" in page
     assert board[("model-b", None, "cls")] == pytest.approx(0.60)  # the latest night, not the better first one
     # the limited run, the what-if and the failed run never become the value; the other checkpoint is its own row
     assert board[("model-a", None, "cls")] == pytest.approx(0.72)
@@ -170,7 +176,8 @@ def test_dbt_build_and_report_in_a_real_browser(history, tmp_path):
     assert board[("minilm", None, "beir")] == pytest.approx(0.42)
     # the same rule as the warehouse's own leaderboard view
     view = {(m, p, d): v for m, p, d, v in connect(history).sql(
-        "select model, pretrained, dataset, value from leaderboard where metric = 'acc' and k = 1").fetchall()}
+        "select model, pretrained, dataset, value from leaderboard where metric = 'acc' and k = 1 "
+        "and language = 'en'").fetchall()}
     assert view == {k: v for k, v in board.items() if k[2] == "cls"}
     assert con.sql("select count(*) from metric_history where regressed and model = 'model-b' and metric = 'acc' "
                    "and k = 1").fetchall() == [(1,)]

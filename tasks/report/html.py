@@ -123,10 +123,11 @@ def render_report(database: Path, out: Path, history_rows: int = 200) -> Path:
     # model_label: the model, its checkpoint label and a non-fp32 precision (two checkpoints are two rows)
     summary = con.sql("select model, pretrained, n_datasets, macro_average, newest_result from model_summary "
                       "order by macro_average desc nulls last").fetchall()
-    board = con.sql("select model_label, dataset, task, main_metric, main_value, n_samples, run_id, created_at "
-                    "from leaderboard order by dataset, main_value desc nulls last").fetchall()
-    curves = con.sql("select model_label, dataset, direction, k, value from retrieval_curves "
-                     "order by dataset, k").fetchall()
+    # dataset_label: the dataset with a split other than test and a language other than en (one column each)
+    board = con.sql("select model_label, dataset_label, task, main_metric, main_value, n_samples, run_id, created_at "
+                    "from leaderboard order by dataset_label, main_value desc nulls last").fetchall()
+    curves = con.sql("select model_label, dataset_label, direction, k, value from retrieval_curves "
+                     "order by dataset_label, k").fetchall()
     history = con.sql(f"select created_at, model || coalesce(' @ ' || pretrained, ''), dataset, metric, k, "
                       f"previous_value, value, delta, regressed, improved "
                       f"from metric_history where previous_value is not null "

@@ -24,6 +24,9 @@ select
         as model_label,
     checkpoint,
     dataset,
+    -- the report's column: one per dataset, split and language (en and cn results of one model are two cells)
+    dataset || case when split <> 'test' then ' (' || split || ')' else '' end
+        || case when language <> 'en' then ' [' || language || ']' else '' end as dataset_label,
     split,
     language,
     task,
