@@ -30,7 +30,8 @@ def run(api_base: str, images: list, concurrency: int) -> tuple[float, int]:
     with tempfile.TemporaryDirectory() as cache_dir:
         cache = CaptionCache(cache_dir, {**settings.cache_setup(), "run": concurrency})
         start = time.perf_counter()
-        result = caption_images(iter(images), len(images), settings, "key", cache, StageProgress(enabled=False), "b")
+        result = caption_images(iter(images), len(images), settings, api_key="key", cache=cache,
+                                progress=StageProgress(enabled=False), label="b")
         seconds = time.perf_counter() - start
     assert not result.failures and all(result.captions)
     return seconds, result.api_calls

@@ -54,7 +54,8 @@ def run(root: Path, cache: Path, recall_k: list[int], model: str, cached_only: b
     start = time.perf_counter()
     session = ModelSession(resolve_model(ModelSpec(model_name=model), memo), torch.device("cpu"), False, "fp32")
     scored = evaluate_one("zeroshot_retrieval", session, DataSource("wds/bench", str(root)), EmbeddingStore(cache),
-                          memo, EncodeSettings(64, 2, cached_only=cached_only), ScoreSettings(tuple(recall_k)),
+                          memo, encode=EncodeSettings(64, 2, cached_only=cached_only),
+                          score=ScoreSettings(tuple(recall_k)),
                           progress=StageProgress(enabled=not cached_only))
     return time.perf_counter() - start, scored.metrics, session.loads
 

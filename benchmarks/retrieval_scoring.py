@@ -119,7 +119,8 @@ def score_child(cache: str, image_key: str, caption_key: str, device: str, repea
     pass_best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
-        t2i, i2t = recall_counts(caption_rows, image_rows, owner_t, [1, 5, 10], tile_bytes(d), "topk", d, host)
+        t2i, i2t = recall_counts(caption_rows, image_rows, owner_t, [1, 5, 10], tile_bytes(d), rule="topk",
+                                 topk_device=d, host=host)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         pass_best = min(pass_best, time.perf_counter() - start)

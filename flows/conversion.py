@@ -25,7 +25,8 @@ from clipcache.tasks.progress import StageProgress
 def caption_dataset(dataset, settings: CaptionSettings, api_key: str, cache_dir: str, progress: StageProgress):
     cache = CaptionCache(cache_dir, settings.cache_setup())
     images = (dataset.load_image(i) for i in range(len(dataset)))
-    return caption_images(images, len(dataset), settings, api_key, cache, progress, dataset.name)
+    return caption_images(images, len(dataset), settings, api_key=api_key, cache=cache, progress=progress,
+                          label=dataset.name)
 
 
 def run_conversion(params: ConvertParams, stages: Stages) -> list[dict]:

@@ -142,7 +142,7 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
         sharded = ctx.encoder.encode_pair(session, task, prepared, ctx.memo)
     try:
         encoded = stages.run("encode", f"encode-{where}", task.encode, session, prepared, ctx.store, ctx.memo,
-                             params.encode_settings(ctx.cached_only), ctx.progress, sharded)
+                             params.encode_settings(ctx.cached_only), ctx.progress, sharded=sharded)
     except CacheMissError as e:
         raise ClipcacheError(f"{e}. Fill it with:\n  {eval_command(params, spec, dataset, language)}") from e
     result.encode_seconds = time.perf_counter() - started
@@ -150,8 +150,9 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
         scored = stages.run("score", f"score-{where}", task.score, ctx.store, encoded, prepared,
                             params.score_settings(str(session.device)))
     files = stages.run("write-results", f"write-{where}", write_pair_results, ctx.run, spec, experiment,
-                       session.resolved.fingerprint, scored.metrics, scored.tied, scored.n_samples,
-                       encoded.cache_keys, params.output_dir, params.output)
+                       model_fingerprint=session.resolved.fingerprint, metrics=scored.metrics, tied=scored.tied,
+                       n_samples=scored.n_samples, cache_keys=encoded.cache_keys, output_dir=params.output_dir,
+                       output_template=params.output)
     result.metrics, result.tied, result.n_samples = scored.metrics, scored.tied, scored.n_samples
     result.cache_hit, result.resumed = encoded.cache_hit, encoded.resumed
     result.model_loaded = session.loads > loads_before or bool(sharded)  # sharded: the workers loaded it

@@ -183,5 +183,6 @@ class ShardedEncoder:
                     done = future.result()
                     encoded += done.encoded
                     advance(done.hi - done.lo)
-            ref = publish_sharded(self.store, key_fields, role, plan, list(aux), meta, extra)
+            ref = publish_sharded(self.store, key_fields, role, plan, aux_names=list(aux), meta=meta,
+                                      extra_arrays=extra)
         return EncodeOutcome(ref, cache_hit=False, resumed=len(pending) < len(plan.shards), encoded=encoded)

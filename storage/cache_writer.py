@@ -189,11 +189,11 @@ class EntryWriter:
             raise ValueError(f"entry {self.key}: nothing was written")
         seals = {name: self.seals[name] + ([block_digest(self._tail[name])] if len(self._tail.get(name, ())) else [])
                  for name in self.arrays}
-        return publish_entry(self.store, self.key_fields, self.kind, self.rows_committed, self.dim, self.arrays,
-                             seals, meta, extra_arrays=extra_arrays)
+        return publish_entry(self.store, self.key_fields, self.kind, rows=self.rows_committed, dim=self.dim,
+                             arrays=self.arrays, seals=seals, meta=meta, extra_arrays=extra_arrays)
 
 
-def publish_entry(store: Any, key_fields: dict[str, Any], kind: str, rows: int, dim: int, arrays: list[str],
+def publish_entry(store: Any, key_fields: dict[str, Any], kind: str, *, rows: int, dim: int, arrays: list[str],
                   seals: dict[str, list[str]] | None, meta: dict[str, Any] | None,
                   scratch: tuple[str, ...] = ("progress.json",),
                   extra_arrays: dict[str, np.ndarray] | None = None) -> EmbeddingRef:

@@ -50,7 +50,7 @@ def clip_benchmark_output_path(template: str, spec: ModelSpec, experiment: Exper
                           f"{{pretrained_full_path}}, {{task}}, {{dataset}}, {{language}})") from e
 
 
-def metric_rows(run: RunInfo, experiment: Experiment, model_fingerprint: str, metrics: dict[str, float],
+def metric_rows(run: RunInfo, experiment: Experiment, *, model_fingerprint: str, metrics: dict[str, float],
                 tied: dict[str, int], n_samples: int, cache_keys: list[str]) -> list[dict]:
     common = {"run_id": run.run_id, "created_at": run.created_at, **experiment.columns(),
               "model_fingerprint": model_fingerprint, "n_samples": n_samples, "cache_keys": cache_keys,
@@ -87,7 +87,7 @@ def result_payload(spec: ModelSpec, experiment: Experiment, metrics: dict[str, f
     return payload
 
 
-def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, model_fingerprint: str,
+def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, *, model_fingerprint: str,
                        metrics: dict[str, float], tied: dict[str, int], n_samples: int, cache_keys: list[str],
                        output_dir: str, output_template: str | None) -> list[Path]:
     paths = [write_json(experiment.result_path(output_dir), result_payload(spec, experiment, metrics, n_samples,
@@ -96,7 +96,8 @@ def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, mo
         paths.append(write_json(clip_benchmark_output_path(output_template, spec, experiment), {
             "dataset": experiment.dataset, "model": spec.model_name, "pretrained": spec.pretrained,
             "task": experiment.task, "metrics": json_safe_metrics(metrics), "language": experiment.language}))
-    rows = metric_rows(run, experiment, model_fingerprint, metrics, tied, n_samples, cache_keys)
+    rows = metric_rows(run, experiment, model_fingerprint=model_fingerprint, metrics=metrics, tied=tied,
+                       n_samples=n_samples, cache_keys=cache_keys)
     paths.append(write_metric_rows(output_dir, run.run_id, rows))
     return paths
 

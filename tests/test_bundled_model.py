@@ -24,7 +24,7 @@ def evaluate_bundled(tmp_path, name):
     session = ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo), torch.device("cpu"), False,
                            "fp32")
     scored = evaluate_one(default_task(name, None), session, DataSource(name), EmbeddingStore(tmp_path), memo,
-                          EncodeSettings(128, 2), ScoreSettings(recall_k=(5,)))
+                          encode=EncodeSettings(128, 2), score=ScoreSettings(recall_k=(5,)))
     return scored.metrics, scored.n_samples
 
 

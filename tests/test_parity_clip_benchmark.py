@@ -45,8 +45,8 @@ def clipcache_scored(tmp_path, root, batch_size=16, recall_k=(1, 5, 10), num_wor
     resolved = resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo)
     session = ModelSession(resolved, torch.device(device), amp=False, precision="fp32")
     return evaluate_one(default_task("wds/fixture", str(root)), session, DataSource("wds/fixture", str(root)),
-                        EmbeddingStore(tmp_path / f"cache-{device}"), memo, EncodeSettings(batch_size, num_workers),
-                        ScoreSettings(recall_k=tuple(recall_k), batch_size=batch_size, ties=ties, device=device))
+                        EmbeddingStore(tmp_path / f"cache-{device}"), memo,
+                        encode=EncodeSettings(batch_size, num_workers), score=ScoreSettings(recall_k=tuple(recall_k), batch_size=batch_size, ties=ties, device=device))
 
 
 def clipcache_metrics(tmp_path, root, batch_size=16, recall_k=(1, 5, 10), num_workers=2, device="cpu"):

@@ -9,8 +9,8 @@ import torch
 from clip_benchmark.metrics.zeroshot_retrieval import batchify
 from clip_benchmark.metrics.zeroshot_retrieval import recall_at_k as cb_recall_at_k
 
-from clipcache.tasks.score.retrieval import recall_at_k, retrieval_ranks
 from clipcache.tasks.score import retrieval_pass
+from clipcache.tasks.score.retrieval import recall_at_k, retrieval_ranks
 from clipcache.tasks.score.retrieval_pass import EPS, recall_counts
 
 CPU = torch.device("cpu")
@@ -48,7 +48,7 @@ def clip_benchmark_recall(images, captions, caption_image, k, device="cpu", batc
 def ours(images, captions, caption_image, ks, budget, rule="topk", device="cpu"):
     d = torch.device(device)
     return recall_counts(torch.from_numpy(captions).to(d), torch.from_numpy(images).to(d),
-                         torch.from_numpy(caption_image).to(d), ks, budget, rule, d)
+                         torch.from_numpy(caption_image).to(d), ks, budget, rule=rule, topk_device=d)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -170,7 +170,7 @@ async def _caption_all(jobs: dict[str, tuple[bytes, list[int]]], settings: Capti
             run.api_calls = counter[0]
 
 
-def caption_images(images: Iterable[Image.Image], n: int, settings: CaptionSettings, api_key: str,
+def caption_images(images: Iterable[Image.Image], n: int, settings: CaptionSettings, *, api_key: str,
                    cache: CaptionCache, progress: StageProgress, label: str) -> CaptionRun:
     """Captions for the ``n`` ``images`` (same order); identical images are asked for once, cached ones not at all.
     Images are consumed one by one; only those still to be captioned are kept (as JPEG bytes)."""

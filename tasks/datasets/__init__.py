@@ -104,7 +104,7 @@ def default_task(name: str, dataset_root: str | None) -> str:
     return "zeroshot_classification"
 
 
-def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | None, hub: str = "huggingface",
+def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | None, *, hub: str = "huggingface",
                  cache_dir: str | None = None, offline: bool = False, progress=None) -> EvalDataset:
     """Index a dataset. Hosted names without ``dataset_root`` are fetched from ``hub`` into ``cache_dir`` first."""
     check_name(name)

@@ -117,7 +117,7 @@ def _exists(url: str) -> bool:
         return False
 
 
-def fetch_dataset(name: str, split: str, hub: str, cache_dir: str | Path, offline: bool = False, workers: int = 4,
+def fetch_dataset(name: str, split: str, hub: str, cache_dir: str | Path, *, offline: bool = False, workers: int = 4,
                   progress: StageProgress | None = None) -> Path:
     """Make ``<cache>/datasets/<hub>/wds_<name>`` hold the metadata and the ``split``'s shards; return that folder."""
     source = HubDataset(hub, f"clip-benchmark/{repo_name(name)}")

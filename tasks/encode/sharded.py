@@ -227,7 +227,7 @@ def prepare_entry(store: EmbeddingStore, key_fields: dict[str, Any], plan: Shard
     return [(lo, hi) for lo, hi in plan.shards if not _marker(store, key, lo, hi).exists()]
 
 
-def publish_sharded(store: EmbeddingStore, key_fields: dict[str, Any], kind: str, plan: ShardPlan,
+def publish_sharded(store: EmbeddingStore, key_fields: dict[str, Any], kind: str, plan: ShardPlan, *,
                     aux_names: list[str], meta: dict[str, Any],
                     extra_arrays: dict[str, np.ndarray] | None = None) -> EmbeddingRef:
     """Check every shard is done, drop skipped rows, checksum and publish. Call with the key's lock held."""
@@ -250,5 +250,6 @@ def publish_sharded(store: EmbeddingStore, key_fields: dict[str, Any], kind: str
         if rows == 0:
             raise DatasetError(f"dataset {meta.get('dataset')!r}: none of its {plan.rows} images could be decoded")
     dim = int(member(group, "embeddings").shape[1])
-    return publish_entry(store, key_fields, kind, rows, dim, names, None, meta, scratch=("plan.json", "shards"),
+    return publish_entry(store, key_fields, kind, rows=rows, dim=dim, arrays=names, seals=None, meta=meta,
+                         scratch=("plan.json", "shards"),
                          extra_arrays=extra_arrays)

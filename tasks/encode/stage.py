@@ -124,7 +124,8 @@ def encode_prompts(session: ModelSession, prompts: list[str], store: EmbeddingSt
     encoded = 0
     if missing:
         fields = {"role": "prompt-batch", "pool": pool.pool, "texts": digest(missing)}
-        outcome = encode_texts(session, missing, store, fields, "prompt", batch_size, progress, label,
+        outcome = encode_texts(session, missing, store, fields, kind="prompt", batch_size=batch_size,
+                               progress=progress, label=label,
                                aux_values={"text_sha256": text_sha256(missing)}, meta={"dataset": label})
         pool.register(outcome.ref.key)
         encoded = outcome.encoded
@@ -236,7 +237,7 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
     return EncodeOutcome(ref, cache_hit=False, resumed=start > 0, encoded=encoded)
 
 
-def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore, key_fields: dict, kind: str,
+def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore, key_fields: dict, *, kind: str,
                  batch_size: int, progress: StageProgress, label: str, aux_values: dict[str, np.ndarray] | None = None,
                  meta: dict[str, Any] | None = None,
                  extra_arrays: dict[str, np.ndarray] | None = None) -> EncodeOutcome:
@@ -280,6 +281,7 @@ def encode_captions(session: ModelSession, dataset: EvalDataset, store: Embeddin
                     settings: EncodeSettings, progress: StageProgress) -> EncodeOutcome:
     """The caption entry of a retrieval dataset: one row per distinct text, and the maps back to captions."""
     texts, caption_row, caption_sample = distinct_captions(dataset)
-    return encode_texts(session, texts, store, key_fields, "caption", settings.batch_size, progress, dataset.name,
+    return encode_texts(session, texts, store, key_fields, kind="caption", batch_size=settings.batch_size,
+                        progress=progress, label=dataset.name,
                         meta={"dataset": dataset.name, "split": dataset.split, "captions": len(caption_row)},
                         extra_arrays={"caption_row": caption_row, "caption_sample": caption_sample})

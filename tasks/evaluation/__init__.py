@@ -44,7 +44,7 @@ def dbt_vars() -> dict[str, Any]:
                              for name, task in tasks for m, k, label, priority in task.main_metrics]}
 
 
-def evaluate_one(task: str, session: Any, source: DataSource, store: EmbeddingStore, memo: FileHashMemo,
+def evaluate_one(task: str, session: Any, source: DataSource, store: EmbeddingStore, memo: FileHashMemo, *,
                  encode: EncodeSettings | None = None, score: ScoreSettings | None = None,
                  prompts: PromptSettings | None = None, progress: StageProgress | None = None) -> Scored:
     """One task on one dataset with one model session, without a flow: prepare, encode what is missing, score.

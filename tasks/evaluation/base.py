@@ -50,8 +50,8 @@ class DataSource:
     def open(self, progress: StageProgress | None = None) -> Any:
         from clipcache.tasks.datasets import open_dataset
 
-        return open_dataset(self.name, self.root, self.split, self.limit, self.hub, self.data_dir, self.offline,
-                            progress)
+        return open_dataset(self.name, self.root, self.split, self.limit, hub=self.hub, cache_dir=self.data_dir,
+                            offline=self.offline, progress=progress)
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,8 @@ class EvalTask(ABC):
 
     @abstractmethod
     def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, sharded: dict[str, Any] | None = None) -> Encoded:
+               settings: EncodeSettings, progress: StageProgress, *,
+               sharded: dict[str, Any] | None = None) -> Encoded:
         ...
 
     @abstractmethod

@@ -79,7 +79,7 @@ class TextRetrieval(EvalTask):
         data = open_beir(source.name, format_root(source.root, source.name), source.split, source.limit)
         return Prepared(data, len(data.query_ids), source)
 
-    def encode(self, session, prepared, store, memo, settings, progress, sharded=None):
+    def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
         from clipcache.tasks.encode.stage import check_cached, encode_texts
 
         started = time.perf_counter()
@@ -95,10 +95,10 @@ class TextRetrieval(EvalTask):
             check_cached(store, [(corpus_fields, f"corpus embeddings of {data.name}"),
                                  (query_fields, f"query embeddings of {data.name}")])
         meta = {"dataset": data.name, "split": data.split}
-        corpus = encode_texts(session, data.doc_texts, store, corpus_fields, "document", settings.batch_size, progress,
-                              data.name, meta=meta)
-        queries = encode_texts(session, data.query_texts, store, query_fields, "query", settings.batch_size,
-                               progress, data.name, meta=meta)
+        corpus = encode_texts(session, data.doc_texts, store, corpus_fields, kind="document",
+                              batch_size=settings.batch_size, progress=progress, label=data.name, meta=meta)
+        queries = encode_texts(session, data.query_texts, store, query_fields, kind="query",
+                               batch_size=settings.batch_size, progress=progress, label=data.name, meta=meta)
         return Encoded({"corpus": corpus, "query": queries}, seconds=time.perf_counter() - started)
 
     def score(self, store, encoded, prepared, settings):

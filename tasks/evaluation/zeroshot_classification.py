@@ -22,7 +22,7 @@ class ZeroShotClassification(EvalTask):
         chosen, default = class_prompts(dataset, prompts)
         return Prepared(dataset, len(dataset), source, chosen, default, chosen.sha256)
 
-    def encode(self, session, prepared, store, memo, settings, progress, sharded=None):
+    def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
         from clipcache.tasks.encode.stage import check_cached, encode_images, encode_prompts, image_key_fields
 
         started = time.perf_counter()
@@ -44,7 +44,8 @@ class ZeroShotClassification(EvalTask):
 
         started = time.perf_counter()
         metrics, n = score_classification(store, encoded.outcomes["image"].ref, encoded.outcomes["prompt"],
-                                          encoded.info["n_classes"], encoded.info["n_templates"], settings,
-                                          prepared.n_samples)
+                                          n_classes=encoded.info["n_classes"],
+                                          n_templates=encoded.info["n_templates"], settings=settings,
+                                          n_samples=prepared.n_samples)
         return Scored(metrics, n, seconds=time.perf_counter() - started)
 

@@ -22,7 +22,7 @@ class ZeroShotRetrieval(EvalTask):
         check_language(dataset, prompts.language)
         return Prepared(dataset, len(dataset), source)
 
-    def encode(self, session, prepared, store, memo, settings, progress, sharded=None):
+    def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
         from clipcache.tasks.encode.stage import (
             caption_key_fields,
             check_cached,

@@ -227,7 +227,7 @@ class ExactScores:
 
 
 def recall_counts(captions: torch.Tensor, images: torch.Tensor, caption_image: torch.Tensor, ks: list[int],
-                  budget: int, rule: str = "topk", topk_device: torch.device | None = None,
+                  budget: int, *, rule: str = "topk", topk_device: torch.device | None = None,
                   host: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[DirectionCounts, DirectionCounts]:
     """(text->image, image->text) hits and tie-sensitive queries per k. ``captions`` and ``images`` are L2-normalised
     float32 rows on the scoring device; ``caption_image[c]`` is the image of caption c; ``host``: the same two

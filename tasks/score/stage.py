@@ -43,8 +43,8 @@ def check_images(entry: EmbeddingEntry, n_samples: int | None) -> None:
                 f"it holds {entry.count} image rows of {expected} samples, the dataset has {n_samples}")
 
 
-def score_classification(store: EmbeddingStore, images: EmbeddingRef, prompts, n_classes: int, n_templates: int,
-                         settings: ScoreSettings, n_samples: int | None = None) -> tuple[dict[str, float], int]:
+def score_classification(store: EmbeddingStore, images: EmbeddingRef, prompts, *, n_classes: int,
+                         n_templates: int, settings: ScoreSettings, n_samples: int | None = None) -> tuple[dict[str, float], int]:
     device = torch_device(settings.device)
     image_entry = store.open(images.key)
     check_images(image_entry, n_samples)
@@ -111,7 +111,7 @@ def score_retrieval(store: EmbeddingStore, images: EmbeddingRef, captions: Embed
     caption_rows = load_rows(caption_entry, device, caption_row, host=host[0] if host else None)
     owner = torch.from_numpy(caption_image).to(device)
     t2i, i2t = recall_counts(caption_rows, image_rows, owner, list(settings.recall_k), tile_bytes(device),
-                             settings.ties, device, host)
+                             rule=settings.ties, topk_device=device, host=host)
     metrics: dict[str, float] = {}
     tied: dict[str, int] = {}
     if "recall" in settings.retrieval_metrics:
