@@ -45,6 +45,10 @@ def run_cache_command(args: argparse.Namespace) -> int:
     from clipcache.storage.embedding_store import EmbeddingStore
 
     store = EmbeddingStore(args.cache_dir)
+    if not store.root.exists():  # a mistyped folder must not pass as an empty, healthy cache
+        from clipcache.storage.errors import ConfigError
+
+        raise ConfigError(f"cache_dir: {args.cache_dir} does not exist (no cache there; `clipcache eval` creates one)")
     out = Console(width=None if Console().is_terminal else 160)
     return {"ls": _ls, "info": _info, "verify": _verify, "rm": _rm, "gc": _gc}[args.action](store, args, out)
 

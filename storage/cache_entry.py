@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from clipcache.storage.cache_keys import EmbeddingRef, block_matches
+from clipcache.storage.cache_keys import EmbeddingRef, block_matches, cache_command
 from clipcache.storage.errors import CacheIntegrityError
 from clipcache.storage.hashing import digest
 from clipcache.storage.paths import AnyPath, url
@@ -36,6 +36,10 @@ class EmbeddingEntry:
     @property
     def key(self) -> str:
         return self.attrs["key"]
+
+    def remedy(self, action: str = "verify --delete") -> str:
+        """The command that deletes this entry, as a user can paste it (``<root>/embeddings/<key>.zarr``)."""
+        return cache_command(self.path.parent.parent, action, self.key)
 
     @property
     def kind(self) -> str:
@@ -70,7 +74,7 @@ class EmbeddingEntry:
     def _zarr_array(self, name: str) -> Any:
         if name not in self._group:
             raise CacheIntegrityError(f"cache entry {self.key} has no array {name!r} ({self.path}); delete the entry "
-                                      f"(clipcache cache verify --delete) and run the evaluation again")
+                                      f"(`{self.remedy()}`) and run the evaluation again")
         return self._group[name]
 
     def _file_of(self, name: str, row: int) -> str:
@@ -82,7 +86,7 @@ class EmbeddingEntry:
         where = self._file_of(name, block * self.chunk_rows)
         return CacheIntegrityError(f"cache entry {self.key} is damaged: {where} (array {name!r}, rows from "
                                    f"{block * self.chunk_rows}) fails its checksum; delete the entry with "
-                                   f"`clipcache cache verify --delete {self.key[:12]}` and run the evaluation again "
+                                   f"`{self.remedy()}` and run the evaluation again "
                                    f"to re-encode it")
 
     def _read(self, name: str, lo: int, hi: int) -> np.ndarray:
@@ -92,8 +96,8 @@ class EmbeddingEntry:
             raise
         except Exception as e:  # zarr/numcodecs raise assorted errors on truncated or missing chunk files
             raise CacheIntegrityError(f"cache entry {self.key} cannot be read: array {name!r} rows {lo}..{hi - 1} "
-                                      f"({type(e).__name__}: {e}); delete it with `clipcache cache verify --delete "
-                                      f"{self.key[:12]}` and run the evaluation again") from e
+                                      f"({type(e).__name__}: {e}); delete it with `{self.remedy()}` "
+                                      f"and run the evaluation again") from e
 
     def array(self, name: str, verify: bool = True) -> np.ndarray:
         """The whole array, every block checked (on a few threads: hashlib releases the GIL)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,13 @@ class AuxSpec:
 
     dtype: str
     trailing_shape: tuple[int, ...] = ()
+
+
+def cache_command(root: Any, action: str, *keys: str) -> str:
+    """The ``clipcache cache`` command that does ``action`` (``rm``, ``verify --delete``) to ``keys`` in the cache at
+    ``root``; a cache other than the default one is named, so the command works as printed."""
+    where = "" if str(root) == "cache" else f" --cache_dir {shlex.quote(str(root))}"
+    return f"clipcache cache {action}{where} {' '.join(k[:12] for k in keys)}"
 
 
 def entry_key(key_fields: dict[str, Any]) -> str:

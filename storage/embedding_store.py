@@ -30,7 +30,7 @@ from typing import Any
 import zarr
 
 from clipcache.storage.cache_entry import ATTRS_SEAL, EmbeddingEntry, seal_attrs
-from clipcache.storage.cache_keys import AuxSpec, chunk_rows_setting, entry_key
+from clipcache.storage.cache_keys import AuxSpec, cache_command, chunk_rows_setting, entry_key
 from clipcache.storage.cache_writer import EntryWriter
 from clipcache.storage.errors import CacheIntegrityError
 from clipcache.storage.hashing import canonical_json
@@ -133,12 +133,12 @@ class EmbeddingStore:
         except (FileNotFoundError, zarr.errors.GroupNotFoundError) as e:
             if path.exists():  # the folder is there but its metadata is gone: damaged, not missing
                 raise CacheIntegrityError(f"cache entry {key} is damaged: {path / 'zarr.json'} is missing; delete "
-                                          f"it with `clipcache cache verify --delete {key[:12]}` and run the "
+                                          f"it with `{cache_command(self.root, 'verify --delete', key)}` and run the "
                                           f"evaluation again") from e
             raise CacheIntegrityError(f"no complete cache entry {key} under {self.root}") from e
         except (ValueError, json.JSONDecodeError, OSError) as e:
             raise CacheIntegrityError(f"cache entry {key} has unreadable metadata ({path / 'zarr.json'}): {e}; delete "
-                                      f"it with `clipcache cache verify --delete {key[:12]}`") from e
+                                      f"it with `{cache_command(self.root, 'verify --delete', key)}`") from e
 
     def open(self, key: str, key_fields: dict[str, Any] | None = None) -> EmbeddingEntry:
         """Open a complete entry; check its metadata seal and stored key, and (if given) that it holds the data of
@@ -147,8 +147,9 @@ class EmbeddingStore:
         path = self.entry_path(key)
         if ATTRS_SEAL in attrs and seal_attrs(attrs)[ATTRS_SEAL] != attrs[ATTRS_SEAL]:
             raise CacheIntegrityError(f"cache entry {key} is damaged: the attributes in {path / 'zarr.json'} were "
-                                      f"changed after it was written; delete it with `clipcache cache verify "
-                                      f"--delete {key[:12]}` and run the evaluation again")
+                                      f"changed after it was written; delete it with "
+                                      f"`{cache_command(self.root, 'verify --delete', key)}` and run the evaluation "
+                                      f"again")
         stored_fields = attrs.get("key_fields")
         if attrs.get("key") != key or stored_fields is None or entry_key(stored_fields) != key:
             raise CacheIntegrityError(f"cache entry {path} does not hold the data of key {key} (stored key mismatch)")

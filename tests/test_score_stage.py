@@ -83,9 +83,9 @@ def test_a_bad_entry_is_one_line_and_writes_no_metric(case, tmp_path, capsys):
     # the remedy the line suggests works when followed: the next eval re-encodes and scores
     remedies = re.findall(r"`clipcache (cache [^`]+)`", err)
     assert remedies, err
-    for remedy in remedies:
+    for remedy in remedies:  # as printed: it names this (non-default) cache itself
         argv = shlex.split(remedy)
-        assert main([*argv[:2], "--cache_dir", str(tmp_path / "cache"), *argv[2:]]) == (1 if "verify" in argv else 0)
+        assert "--cache_dir" in argv and main(argv) == (1 if "verify" in argv else 0)
     assert main(["eval", *base]) == 0
     assert pq.read_table(metrics).num_rows > rows_before
 
@@ -118,3 +118,12 @@ def test_ties_reach_the_table_the_json_and_the_warehouse(tmp_path, capsys):
     result = json.loads(next(out.rglob("wds_ties_zeroshot_retrieval.json")).read_text())
     tied = duckdb.sql(f"SELECT sum(tied_queries) FROM read_parquet('{out}/warehouse/metrics/**/*.parquet')").fetchall()
     assert tied[0][0] > 0 and sum(result["tied_queries"].values()) == tied[0][0]
+
+
+def test_a_mistyped_cache_dir_is_an_error_not_an_empty_cache(tmp_path, capsys):
+    for argv in (["cache", "--cache_dir", str(tmp_path / "cahce"), "verify"],
+                 ["cache", "verify", "--cache_dir", str(tmp_path / "cahce")],
+                 ["cache", "ls", "--cache_dir", str(tmp_path / "cahce")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "cahce does not exist" in err, err

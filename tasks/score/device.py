@@ -48,7 +48,7 @@ def check_finite(values: torch.Tensor, entry: EmbeddingEntry, rows: torch.Tensor
         bad = int(torch.nonzero(~finite)[0])
         row = int(rows[bad]) if rows is not None else bad
         raise CacheIntegrityError(f"cache entry {entry.key} holds a non-finite embedding (row {row}, {entry.path}); "
-                                  f"delete it with `clipcache cache verify --delete {entry.key[:12]}` and run the "
+                                  f"delete it with `{entry.remedy()}` and run the "
                                   f"evaluation again")
 
 

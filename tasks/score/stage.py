@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from clipcache.storage.cache_entry import EmbeddingEntry
-from clipcache.storage.cache_keys import EmbeddingRef
+from clipcache.storage.cache_keys import EmbeddingRef, cache_command
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import CacheIntegrityError
 from clipcache.storage.text_pool import TextPool
@@ -33,7 +33,7 @@ def with_skipped_images(metrics: dict[str, float], image_entry: EmbeddingEntry) 
 def _expect(condition: bool, entry: EmbeddingEntry, what: str) -> None:
     if not condition:
         raise CacheIntegrityError(f"cache entry {entry.key} does not fit this evaluation: {what} ({entry.path}); "
-                                  f"delete it with `clipcache cache rm {entry.key[:12]}` and run the evaluation again")
+                                  f"delete it with `{entry.remedy('rm')}` and run the evaluation again")
 
 
 def check_images(entry: EmbeddingEntry, n_samples: int | None) -> None:
@@ -56,13 +56,13 @@ def score_classification(store: EmbeddingStore, images: EmbeddingRef, prompts, *
         rows = ~np.isfinite(prompt_vectors).all(axis=1)
         bad = [prompts.lookup.batch_keys[b] for b in np.unique(prompts.lookup.batch[rows])]
         raise CacheIntegrityError(f"cache entry {bad[0]} holds a non-finite class prompt embedding; delete it with "
-                                  f"`clipcache cache verify --delete {bad[0][:12]}` and run the evaluation again")
+                                  f"`{cache_command(store.root, 'verify --delete', bad[0])}` and run the evaluation again")
     if prompt_vectors.shape[1] != image_entry.dim:  # either side may be the stale one: name both
         prompt_key = prompts.lookup.batch_keys[0]
         raise CacheIntegrityError(
             f"cache entries do not fit together: image entry {image_entry.key} has {image_entry.dim} dimensions, "
-            f"class prompt entry {prompt_key} has {prompt_vectors.shape[1]}; delete both with `clipcache cache rm "
-            f"{image_entry.key[:12]} {prompt_key[:12]}` and run the evaluation again")
+            f"class prompt entry {prompt_key} has {prompt_vectors.shape[1]}; delete both with "
+            f"`{cache_command(store.root, 'rm', image_entry.key, prompt_key)}` and run the evaluation again")
     classifier = zero_shot_classifier(prompt_vectors, n_classes, n_templates, device)
     targets = torch.from_numpy(image_entry.array("target"))
     image_rows = load_rows(image_entry, device)
