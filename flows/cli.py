@@ -155,12 +155,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from clipcache.flows.convert_params import ConvertParams
     from clipcache.flows.evalscope import parse_task_config
 
+    incomplete = 0
     for params in parse_task_config(args.config):  # validated all before the first runs
         if isinstance(params, ConvertParams):
             from clipcache.flows.launch import convert
 
             for result in convert(params):
                 m = result.get("metrics", {})
+                incomplete += bool(m.get("n_failed"))
                 out().print(f"{result['model']} / {result['dataset']}: " + (
                     "skipped (result exists)" if result.get("status") == "skipped" else
                     f"{m['n_captioned']}/{m['n_images']} images captioned ({m['api_calls']} API calls, "
@@ -169,6 +171,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from clipcache.flows.launch import evaluate
 
         _show(evaluate(params, False, "auto"), params)
+    if incomplete:  # a conversion that did not finish its job is not a success, even with partial files written
+        print(f"error: {incomplete} conversion(s) incomplete: images failed (listed in the *.incomplete.json "
+              f"report); the results were left as they were. Run `clipcache run {args.config}` again to caption only "
+              f"the failed images (the others come from the caption cache)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -4,10 +4,15 @@ Output per (captioning model, dataset), as evalscope lays it out::
 
     <output_dir>/<model>/<dataset>/retrieval_data/{corpus.jsonl, queries.jsonl, qrels.jsonl, qrels/<split>.tsv}
     <output_dir>/<model>/<dataset>_image_caption.json
+
+A conversion in which some images failed writes what it has beside those, as ``retrieval_data.incomplete`` and
+``<dataset>_image_caption.incomplete.json``: the result files are only ever replaced by a complete conversion. Running
+it again asks only for the failed images (the others come from the caption cache).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from clipcache.flows.convert_params import ConvertParams
@@ -15,7 +20,7 @@ from clipcache.flows.stages import Stages
 from clipcache.storage.caption_cache import CaptionCache
 from clipcache.storage.experiment import slug
 from clipcache.storage.results import write_json
-from clipcache.tasks.convert.beir import write_beir
+from clipcache.tasks.convert.beir import BeirCounts, write_beir
 from clipcache.tasks.convert.captioner import CaptionSettings, caption_images
 from clipcache.tasks.evaluation.base import DataSource
 from clipcache.tasks.evaluation.common import open_for
@@ -52,17 +57,28 @@ def run_conversion(params: ConvertParams, stages: Stages) -> list[dict]:
             run = stages.run("caption", f"caption-{where}", caption_dataset, dataset, settings, api_key,
                              params.cache_dir, progress)
             folder = base / slug(name) / "retrieval_data"
-            counts = stages.run("write-beir", f"write-beir-{where}", write_beir, folder, run.captions,
-                                dataset.captions, params.split)
+            # A conversion with failed images is not the result: it goes beside it (retrieval_data.incomplete),
+            # so a good earlier folder is never replaced by a worse one, and nothing empty poses as a result.
+            complete = not run.failures
+            target = folder if complete else folder.with_name("retrieval_data.incomplete")
+            n_captioned = len(dataset) - len(run.failures)
+            counts = BeirCounts(0, 0, 0)
+            if n_captioned:
+                counts = stages.run("write-beir", f"write-beir-{where}", write_beir, target, run.captions,
+                                    dataset.captions, params.split)
             metrics = {
-                "conversion_successful": not run.failures, "n_images": len(dataset),
-                "n_captioned": len(dataset) - len(run.failures), "n_failed": len(run.failures),
+                "conversion_successful": complete, "n_images": len(dataset),
+                "n_captioned": n_captioned, "n_failed": len(run.failures),
                 "failed": [{"image": dataset.describe(idx), "error": err} for idx, err in run.failures],
                 "n_corpus": counts.corpus, "n_queries": counts.queries, "api_calls": run.api_calls,
-                "from_cache": run.from_cache, "save_path": str(folder),
+                "from_cache": run.from_cache, "save_path": str(target) if n_captioned else None,
             }
             payload = {"dataset": name, "model": spec.model_name, "task": "image_caption", "metrics": metrics}
-            write_json(result_path, payload)
+            report = result_path if complete else result_path.with_name(f"{slug(name)}_image_caption.incomplete.json")
+            write_json(report, payload)
+            if complete:  # what an earlier, incomplete attempt left beside the result is superseded
+                shutil.rmtree(folder.with_name("retrieval_data.incomplete"), ignore_errors=True)
+                report.with_name(f"{slug(name)}_image_caption.incomplete.json").unlink(missing_ok=True)
             results.append(payload)
     return results
 

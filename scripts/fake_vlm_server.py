@@ -7,7 +7,8 @@ POST /v1/chat/completions with a user message holding text + an image data URL a
 image's pixels: the colour of the object (the pixels that differ from the corner colour), its size, where it is, and
 the background — so captions of the shapes data carry real information. Faults on demand (attributes of the server
 object in tests): ``delay`` seconds per request, ``fail_next`` = [status, ...] answered before captioning (429 comes
-with Retry-After), ``hang`` (never answer), ``always_status`` (e.g. 401 for every request). Every request's
+with Retry-After), ``hang`` (never answer), ``always_status`` (e.g. 401 for every request), ``malformed_next`` = n (the next n
+requests get HTTP 200 with a body that is not JSON). Every request's
 Authorization header is recorded so tests can check the key reached the server and nothing else.
 """
 
@@ -61,6 +62,7 @@ class FakeVLMServer:
         self.fail_next: list[int] = []
         self.hang = False
         self.always_status: int | None = None
+        self.malformed_next = 0
         self.requests = 0
         self.authorizations: list[str] = []
         self.bodies: list[dict] = []
@@ -94,12 +96,22 @@ class FakeVLMServer:
                     server.authorizations.append(self.headers.get("Authorization", ""))
                     server.bodies.append(body)
                     fault = server.fail_next.pop(0) if server.fail_next else server.always_status
+                    malformed = server.malformed_next > 0
+                    server.malformed_next -= malformed
                 if server.hang:
                     time.sleep(3600)
                 if server.delay:
                     time.sleep(server.delay)
                 if not self.path.endswith("/chat/completions"):
                     self._send(404, {"error": {"message": "not found"}})
+                    return
+                if malformed:
+                    raw = b'{"id": "chatcmpl-x", "choices": [{"message": '  # cut off: not JSON
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
                     return
                 if fault:
                     headers = {"Retry-After": "0.05"} if fault == 429 else {}

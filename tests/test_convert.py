@@ -105,8 +105,35 @@ def test_images_failing_after_all_retries_are_listed_not_captioned(prefect_serve
     m = convert(tmp_path, vlm.api_base, data, concurrency=1, max_retries=1)
     assert not m["conversion_successful"] and m["n_failed"] == 1 and "img0.png" in m["failed"][0]["image"]
     assert "HTTP 500 after 2 attempts" in m["failed"][0]["error"]
-    corpus = (tmp_path / "out" / "captioner" / "custom" / "retrieval_data" / "corpus.jsonl").read_text()
+    # what it has goes beside the result, never as the result
+    assert not (tmp_path / "out" / "captioner" / "custom" / "retrieval_data").exists()
+    corpus = (tmp_path / "out" / "captioner" / "custom" / "retrieval_data.incomplete" / "corpus.jsonl").read_text()
     assert "doc-0" not in corpus and "500" not in corpus and m["n_corpus"] == 2
+    assert not (tmp_path / "out" / "captioner" / "custom_image_caption.json").exists()
+    assert (tmp_path / "out" / "captioner" / "custom_image_caption.incomplete.json").exists()
+    again = convert(tmp_path, vlm.api_base, data, concurrency=1, max_retries=1)  # only the failed image is asked
+    assert again["conversion_successful"] and again["api_calls"] == 1 and again["from_cache"] == 2
+    assert (tmp_path / "out" / "captioner" / "custom" / "retrieval_data" / "corpus.jsonl").exists()
+    assert not (tmp_path / "out" / "captioner" / "custom" / "retrieval_data.incomplete").exists()
+
+
+def test_a_failed_reconversion_never_replaces_a_good_result(prefect_server, vlm, tmp_path):
+    data = write_image_queries(tmp_path / "d", n=4)
+    assert convert(tmp_path, vlm.api_base, data)["conversion_successful"]
+    folder = tmp_path / "out" / "captioner" / "custom" / "retrieval_data"
+    good = {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    vlm.always_status = 503  # the API is down now; another prompt, so nothing comes from the cache
+    m = convert(tmp_path, vlm.api_base, data, prompt="Describe the colours", max_retries=1)
+    assert m["n_failed"] == 4 and m["n_corpus"] == 0 and m["save_path"] is None
+    assert {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == good  # untouched
+    assert not folder.with_name("retrieval_data.incomplete").exists()  # nothing empty poses as a result
+
+
+def test_a_body_that_is_not_json_is_retried(prefect_server, vlm, tmp_path):
+    data = write_image_queries(tmp_path / "d", n=2)
+    vlm.malformed_next = 2
+    m = convert(tmp_path, vlm.api_base, data, concurrency=1, max_retries=3)
+    assert m["conversion_successful"] and m["api_calls"] == 2 + 2
 
 
 def test_a_hanging_server_times_out(prefect_server, vlm, tmp_path):
@@ -176,3 +203,20 @@ def test_missing_key_and_classification_dataset_are_clear_errors(prefect_server,
         bad = seed_config(vlm.api_base, tmp_path)
         bad["eval_config"]["eval"]["models"][0]["prompt_text"] = "x"
         run_task(bad)
+
+
+def test_the_cli_exits_non_zero_when_images_failed_and_says_how_to_finish(vlm, muge_hub, tmp_path, capsys):
+    import yaml
+
+    from clipcache.flows.cli import main
+
+    cfg = tmp_path / "convert.yaml"
+    config = seed_config(vlm.api_base, tmp_path, limit=3)
+    config["eval_config"]["eval"]["models"][0]["max_retries"] = 1
+    cfg.write_text(yaml.safe_dump(config))
+    vlm.always_status = 503  # the API is down for this first run
+    assert main(["run", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert "1 conversion(s) incomplete" in err and f"clipcache run {cfg}" in err and SECRET not in err
+    vlm.always_status = None
+    assert main(["run", str(cfg)]) == 0  # the same command finishes it

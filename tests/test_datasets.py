@@ -125,6 +125,25 @@ def test_image_queries_bad_input(tmp_path):
         open_dataset("custom", None, "test", None)
 
 
+def test_image_queries_encodings(tmp_path):
+    """A byte-order mark and CRLF line ends (files saved on Windows) read fine; bytes that are not UTF-8 are one
+    error naming the file and the line."""
+    from PIL import Image
+
+    d = tmp_path / "d"
+    d.mkdir()
+    Image.new("RGB", (8, 8), "red").save(d / "a b é.png")
+    lines = ['{"image_path": "a b é.png", "query": ["a red square", "rouge"]}', '{"image_path": "a b é.png", '
+             '"query": ["again"]}']
+    (d / "image_queries.jsonl").write_bytes("\ufeff".encode() + "\r\n".join(lines).encode() + b"\r\n")
+    ds = open_dataset("custom", str(d), "test", None)
+    assert len(ds) == 2 and ds.captions[0] == ["a red square", "rouge"]
+    latin1 = b'{"image_path": "a.png", "query": ["caf\xe9"]}\n'  # "cafe" with an accent, saved as Latin-1
+    (d / "image_queries.jsonl").write_bytes(lines[0].encode() + b"\n" + latin1)
+    with pytest.raises(DatasetError, match=r"image_queries.jsonl line 2: not UTF-8"):
+        open_dataset("custom", str(d), "test", None)
+
+
 def test_unknown_dataset_suggests_a_name():
     with pytest.raises(DatasetError, match="Did you mean: .*shapes"):
         open_dataset("shapez", None, "test", None)

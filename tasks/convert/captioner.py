@@ -103,6 +103,8 @@ async def _request(client: Any, settings: CaptionSettings, jpeg: bytes) -> str:
                                                    {"type": "image_url", "image_url": {"url": url}}]}])
     except (openai.APITimeoutError, openai.APIConnectionError) as e:
         raise _Transient(type(e).__name__) from e
+    except (ValueError, openai.APIResponseValidationError) as e:  # HTTP 200 with a body that is not a completion
+        raise _Transient(f"malformed response body ({type(e).__name__})") from e
     except openai.APIStatusError as e:
         status = e.status_code
         if status in (408, 429) or status >= 500:

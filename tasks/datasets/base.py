@@ -52,8 +52,13 @@ def read_text_list(path: str | Path, what: str, dataset: str | None = None) -> l
 def iter_jsonl_records(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-empty line; a line that is not a JSON object with ``required`` keys is a
     DatasetError naming the file and line."""
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:  # utf-8-sig: a byte-order mark on the first line is not part of the JSON
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetError(f"{path} line {line_no}: not UTF-8 text (byte {e.start + 1}: "
+                                   f"{raw[e.start:e.start + 1]!r}); save the file as UTF-8") from e
             if not line.strip():
                 continue
             try:
