@@ -232,6 +232,8 @@ def publish_entry(store: Any, key_fields: dict[str, Any], kind: str, *, rows: in
     }))
     final = store.entry_path(key)
     if not store.in_place:
+        if final.exists():  # an entry whose metadata was lost (not complete, see has()): what replaces it is whole
+            rmtree(final)
         partial.rename(final)
     for name in scratch:
         target = final / name

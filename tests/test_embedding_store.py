@@ -122,3 +122,14 @@ def test_skipped_positions_are_recorded(tmp_path):
     positions = np.array([0, 1, 3, 4, 7])
     ref, _ = write(store, FIELDS, data, positions=positions)
     assert store.open(ref.key).array("position").tolist() == [0, 1, 3, 4, 7]
+
+
+def test_an_entry_whose_metadata_was_deleted_is_encoded_again_in_its_place(tmp_path):
+    store = EmbeddingStore(tmp_path, chunk_rows=CHUNK_ROWS)
+    data = np.random.default_rng(4).normal(size=(CHUNK_ROWS + 3, 4)).astype(np.float32)
+    ref, _ = write(store, FIELDS, data)
+    (store.entry_path(ref.key) / "zarr.json").unlink()
+    assert not store.has(ref.key) and store.verify(ref.key)  # damaged, and said so
+    again, writer = write(store, FIELDS, data)  # what `clipcache eval` then does: no "Directory not empty"
+    assert not writer.already_complete and store.verify(again.key) == []
+    np.testing.assert_array_equal(store.open(again.key).embeddings(), data)
