@@ -117,14 +117,27 @@ def _gc(store, args, out: Console) -> int:
     infos = list_entries(store, include_partial=False)
     chosen = select_garbage(infos, parse_age(args.older_than) if args.older_than else None,
                             parse_size(args.max_size) if args.max_size else None, args.pattern)
+    partial: set[str] = set()
     if args.partial:
         from clipcache.storage.cache_admin import describe_partial
 
-        chosen += [describe_partial(store, k) for k in store.partial_keys()]
-    freed = 0
+        partial = set(store.partial_keys())
+        chosen += [describe_partial(store, k) for k in sorted(partial)]
+    freed, deleted = 0, 0
     for info in chosen:
-        out.print(f"{'would delete' if args.dry_run else 'deleting'} {info.key[:12]} {info.kind} {info.model} "
-                  f"{info.dataset} ({human_bytes(info.bytes)})", highlight=False)
-        freed += info.bytes if args.dry_run else store.remove(info.key)
-    out.print(f"{'would free' if args.dry_run else 'freed'} {human_bytes(freed)} in {len(chosen)} entries")
+        if args.dry_run:
+            out.print(f"would delete {info.key[:12]} {info.kind} {info.model} {info.dataset} "
+                      f"({human_bytes(info.bytes)})", highlight=False)
+            freed, deleted = freed + info.bytes, deleted + 1
+            continue
+        # never wait for, nor delete, what a running encode holds: its lock says it is in use
+        gone = store.remove(info.key, wait=False, partial_only=info.key in partial)
+        if gone is None:
+            out.print(f"kept {info.key[:12]} {info.kind} {info.model} {info.dataset}: in use by a running encode",
+                      highlight=False)
+            continue
+        out.print(f"deleted {info.key[:12]} {info.kind} {info.model} {info.dataset} ({human_bytes(gone)})",
+                  highlight=False)
+        freed, deleted = freed + gone, deleted + 1
+    out.print(f"{'would free' if args.dry_run else 'freed'} {human_bytes(freed)} in {deleted} entries")
     return 0

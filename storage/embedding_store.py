@@ -105,16 +105,32 @@ class EmbeddingStore:
             raise CacheIntegrityError(f"{found} in {self.root} with a key starting with {prefix!r}")
         return matches[0]
 
-    def remove(self, key: str) -> int:
-        """Delete an entry (complete or partial) under its lock; returns the bytes freed."""
+    def remove(self, key: str, wait: bool = True, partial_only: bool = False) -> int | None:
+        """Delete an entry (complete and partial, or with ``partial_only`` the partial one only) under its lock;
+        returns the bytes freed. ``wait=False``: an entry whose lock a running encode holds is left alone (None)."""
+        from filelock import Timeout
+
         freed = 0
-        with self.lock(key):
+        held = self.lock(key)
+        try:
+            held.acquire(timeout=-1 if wait else 0)
+        except Timeout:
+            return None
+        try:
             # written in place (object stores), the partial entry and the entry are one folder
-            for path in [self.entry_path(key)] + ([] if self.in_place else [self.partial_path(key)]):
+            paths = [] if partial_only and not self.in_place else [self.entry_path(key)]
+            if not self.in_place:
+                paths.append(self.partial_path(key))
+            if partial_only and self.in_place and self.has(key):
+                return 0  # published meanwhile: not partial any more
+            for path in paths:
                 if path.exists():
                     freed += folder_bytes(path)
                     rmtree(path)
-            (self.root / USAGE_DIR / key).unlink(missing_ok=True)
+            if not partial_only:
+                (self.root / USAGE_DIR / key).unlink(missing_ok=True)
+        finally:
+            held.release()
         return freed
 
     def verify(self, key: str) -> list[str]:

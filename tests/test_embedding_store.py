@@ -133,3 +133,29 @@ def test_an_entry_whose_metadata_was_deleted_is_encoded_again_in_its_place(tmp_p
     again, writer = write(store, FIELDS, data)  # what `clipcache eval` then does: no "Directory not empty"
     assert not writer.already_complete and store.verify(again.key) == []
     np.testing.assert_array_equal(store.open(again.key).embeddings(), data)
+
+
+def test_gc_never_deletes_what_a_running_encode_holds(tmp_path, capsys):
+    """A writer holds its key's lock while it encodes: `cache gc --partial` (and any gc) leaves that entry alone
+    instead of waiting or deleting it; once the writer is gone the partial entry is collected."""
+    from clipcache.flows.cli import main
+
+    store = EmbeddingStore(tmp_path, chunk_rows=CHUNK_ROWS)
+    data = np.random.default_rng(5).normal(size=(3 * CHUNK_ROWS, 4)).astype(np.float32)
+    writer = store.writer(FIELDS, "image", capacity=len(data))
+    with writer:
+        writer.add(data[:CHUNK_ROWS + 10], np.arange(CHUNK_ROWS + 10))
+        writer._commit(everything=False)  # some committed progress, as a long encode has
+        assert store.partial_keys() == [writer.key]
+        assert main(["cache", "gc", "--partial", "--cache_dir", str(tmp_path)]) == 0
+        assert "in use by a running encode" in capsys.readouterr().out
+        assert store.partial_path(writer.key).exists()
+        writer.add(data[CHUNK_ROWS + 10:], np.arange(CHUNK_ROWS + 10, len(data)))
+        ref = writer.finish()
+    np.testing.assert_array_equal(store.open(ref.key).embeddings(), data)  # the encode finished intact
+    with store.writer({**FIELDS, "split": "other"}, "image", capacity=len(data)) as w:
+        w.add(data[:CHUNK_ROWS + 1], np.arange(CHUNK_ROWS + 1))
+        w._commit(everything=False)
+    # ... the writer is gone (a killed run): now the partial entry is garbage, the complete one is kept
+    assert main(["cache", "gc", "--partial", "--cache_dir", str(tmp_path)]) == 0
+    assert store.partial_keys() == [] and store.has(ref.key)
