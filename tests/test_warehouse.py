@@ -96,6 +96,35 @@ def test_query_cli_formats(history, tmp_path, capsys):
     assert "query failed" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("sql", [
+    "COPY (SELECT * FROM metrics) TO '{tmp}/leak.csv'",
+    "SELECT * FROM read_csv_auto('/etc/passwd')",
+    "SELECT * FROM read_text('/etc/hostname')",
+    "ATTACH '{tmp}/new.duckdb' AS x",
+    "CREATE TABLE t AS SELECT 1",
+    "DROP VIEW metrics",
+    "SET enable_external_access = true",
+    "SELECT 1; COPY (SELECT 1) TO '{tmp}/two.csv'",
+    "INSTALL httpfs",
+])
+def test_query_only_reads_the_results(history, tmp_path, capsys, sql):
+    sql = sql.format(tmp=tmp_path)
+    assert main(["query", sql, "--output_dir", str(history)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]  # nothing was written anywhere
+    # the views still answer after the refused statement
+    assert main(["query", "select count(*) as n from runs", "--output_dir", str(history), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 4}]
+
+
+def test_query_writes_files_only_when_asked(history, tmp_path, capsys):
+    target = tmp_path / "export.csv"
+    sql = f"COPY (SELECT model, value FROM leaderboard) TO '{target}'"
+    assert main(["query", sql, "--output_dir", str(history), "--allow_writes"]) == 0
+    assert target.read_text().startswith("model,value")
+
+
 def test_python_connect(history):
     import clipcache
 
