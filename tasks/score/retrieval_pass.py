@@ -53,8 +53,10 @@ class TileProduct:
     def __init__(self, captions: torch.Tensor, images: torch.Tensor, rows: int, width: int):
         self.device = captions.device
         if self.device.type == "cpu":
-            self._captions = captions.numpy()
-            self._images_t = np.ascontiguousarray(images.numpy().T)
+            self._captions, self._images = captions.numpy(), images.numpy()
+            # each column tile's images, transposed and contiguous, made once: a strided slice of one transposed
+            # matrix would be copied by the product on every tile (a large temporary per tile)
+            self._image_tiles: dict[tuple[int, int], np.ndarray] = {}
             # one output buffer for every tile: no allocation (and no page faults) per tile
             self._out = np.empty((rows + MIN_BLOCK) * (width + MIN_BLOCK), dtype=np.float32)
         else:
@@ -62,8 +64,10 @@ class TileProduct:
 
     def __call__(self, c0: int, c1: int, i0: int, i1: int) -> torch.Tensor:
         if self.device.type == "cpu":
+            if (i0, i1) not in self._image_tiles:
+                self._image_tiles[i0, i1] = np.ascontiguousarray(self._images[i0:i1].T)
             out = self._out[: (c1 - c0) * (i1 - i0)].reshape(c1 - c0, i1 - i0)
-            np.matmul(self._captions[c0:c1], self._images_t[:, i0:i1], out=out)
+            np.matmul(self._captions[c0:c1], self._image_tiles[i0, i1], out=out)
             return torch.from_numpy(out)
         return self._captions_t[c0:c1] @ self._images_t_t[:, i0:i1]
 
