@@ -57,6 +57,18 @@ class EvaluateParams(BaseModel):
     ties: Literal["topk", "stable"] = Field(
         "topk", description="retrieval ties: topk keeps what torch.topk keeps, as clip_benchmark (default); stable "
                             "ranks equal scores by index, independent of the order of the data")
+    train_split: str = Field("train", description="linear_probe: the split the probe learns from")
+    val_split: str | None = Field(None, description="linear_probe: a split to choose the weight decay on "
+                                                    "(clip_benchmark's sweep); exclusive with val_proportion")
+    val_proportion: float | None = Field(None, gt=0, lt=1, description="linear_probe: the share of the train split "
+                                                                        "held out to choose the weight decay")
+    fewshot_k: int = Field(-1, ge=-1, description="linear_probe: training samples per class (-1: all)")
+    fewshot_lr: float = Field(0.1, gt=0, description="linear_probe: learning rate (AdamW, cosine schedule)")
+    fewshot_epochs: PositiveInt = Field(10, description="linear_probe: epochs")
+    seed: int = Field(0, description="linear_probe: seed of the layer's initialisation, the batch order, the "
+                                     "few-shot pick and the val_proportion split")
+    normalize: str = Field("true", description="linear_probe: L2-normalised features, clip_benchmark's default "
+                                               "(the only choice: the cache holds normalised embeddings)")
     batch_size: PositiveInt = Field(64, description="images or texts per forward pass")
     num_workers: int = Field(2, ge=0, description="image decoding threads")
     limit: PositiveInt | None = Field(None, description="evaluate exactly the first N samples")
@@ -116,6 +128,20 @@ class EvaluateParams(BaseModel):
                 raise ValueError(f"datasets.{i}: {e}") from None
         return self
 
+    @field_validator("normalize", mode="before")
+    @classmethod
+    def _normalised_only(cls, value: Any) -> str:
+        if str(value).strip().lower() in ("true", "1", "yes"):
+            return "true"
+        raise ValueError(f"{value!r}: only normalised features can be probed (the cache holds L2-normalised "
+                         f"embeddings, clip_benchmark's default --normalize True)")
+
+    @model_validator(mode="after")
+    def _one_validation_source(self) -> EvaluateParams:
+        if self.val_split is not None and self.val_proportion is not None:
+            raise ValueError("val_split and val_proportion: give one of them (as clip_benchmark)")
+        return self
+
     @model_validator(mode="after")
     def _known_models(self) -> EvaluateParams:
         from clipcache.tasks.models.resolve import loader_for
@@ -132,10 +158,14 @@ class EvaluateParams(BaseModel):
         return DataSource(dataset, self.dataset_root, self.split, self.limit, self.hub, data_dir, self.offline)
 
     def encode_settings(self, cached_only: bool) -> EncodeSettings:
-        return EncodeSettings(self.batch_size, self.num_workers, self.on_bad_image, cached_only)
+        return EncodeSettings(self.batch_size, self.num_workers, self.on_bad_image, cached_only, self.train_split,
+                              self.val_split)
 
     def score_settings(self, device: str) -> ScoreSettings:
-        return ScoreSettings(tuple(self.recall_k), tuple(self.retrieval_metrics), self.ties, device, self.batch_size)
+        return ScoreSettings(tuple(self.recall_k), tuple(self.retrieval_metrics), self.ties, device, self.batch_size,
+                             train_split=self.train_split, val_split=self.val_split,
+                             val_proportion=self.val_proportion, fewshot_k=self.fewshot_k,
+                             fewshot_lr=self.fewshot_lr, fewshot_epochs=self.fewshot_epochs, seed=self.seed)
 
     def prompt_settings(self, language: str) -> PromptSettings:
         return PromptSettings(language, self.classnames, self.templates)

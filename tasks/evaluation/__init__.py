@@ -28,6 +28,7 @@ TASKS: Registry[EvalTask] = Registry("task", ConfigError, entry_point_group="cli
 TASKS.register("zeroshot_classification", "clipcache.tasks.evaluation.zeroshot_classification:ZeroShotClassification")
 TASKS.register("zeroshot_retrieval", "clipcache.tasks.evaluation.zeroshot_retrieval:ZeroShotRetrieval")
 TASKS.register("text_retrieval", "clipcache.tasks.evaluation.text_retrieval:TextRetrieval")
+TASKS.register("linear_probe", "clipcache.tasks.evaluation.linear_probe:LinearProbe")
 
 
 def get_task(name: str) -> EvalTask:

@@ -60,6 +60,8 @@ class EncodeSettings:
     num_workers: int = 2
     on_bad_image: str = "error"
     cached_only: bool = False  # rescore: everything but never-seen class prompts must come from the cache
+    train_split: str = "train"  # linear_probe: the split it learns from ...
+    val_split: str | None = None  # ... and the one it picks its weight decay on
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,14 @@ class ScoreSettings:
     ties: str = "topk"  # topk: what torch.topk keeps (clip_benchmark's numbers); stable: lowest index wins
     device: str = "cpu"
     batch_size: int = 64  # clip_benchmark computes logits per data-loader batch: same blocks, same bits
+    # linear_probe (clip_benchmark's flags of the same names)
+    train_split: str = "train"
+    val_split: str | None = None
+    val_proportion: float | None = None
+    fewshot_k: int = -1
+    fewshot_lr: float = 0.1
+    fewshot_epochs: int = 10
+    seed: int = 0
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
     MetricInfo("mean_average_precision", True, False, "mean over classes of average precision (multilabel)"),
     MetricInfo("image_retrieval_recall", True, True, "text->image: fraction of captions whose image is in the top k"),
     MetricInfo("text_retrieval_recall", True, True, "image->text: fraction of images with any caption in the top k"),
+    MetricInfo("lp_acc", True, True, "linear probe: fraction of test samples whose class is among the probe's k "
+                                     "highest logits"),
+    MetricInfo("lp_mean_per_class_recall", True, False, "linear probe: balanced accuracy of the probe's argmax"),
     MetricInfo("skipped_images", False, False, "images left out as undecodable (--on_bad_image skip)"),
     MetricInfo("ndcg", True, True, "text retrieval: nDCG@k with qrels scores as gains (trec_eval ndcg_cut)"),
     MetricInfo("map", True, True, "text retrieval: mean average precision cut at k (trec_eval map_cut)"),
@@ -40,12 +43,12 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
 ]}
 
 _AT_K = re.compile(r"^(?P<metric>[a-z_]+)@(?P<k>\d+)$")
-_ACC_K = re.compile(r"^acc(?P<k>\d+)$")
+_ACC_K = re.compile(r"^(?P<metric>(lp_)?acc)(?P<k>\d+)$")  # acc5 / lp_acc5: clip_benchmark's names
 
 
 def split_metric_name(flat: str) -> tuple[MetricInfo, int | None]:
     if m := _ACC_K.match(flat):
-        return METRICS["acc"], int(m["k"])
+        return METRICS[m["metric"]], int(m["k"])
     if m := _AT_K.match(flat):
         return METRICS[m["metric"]], int(m["k"])
     return METRICS[flat], None
@@ -54,4 +57,4 @@ def split_metric_name(flat: str) -> tuple[MetricInfo, int | None]:
 def flat_metric_name(metric: str, k: int | None) -> str:
     if k is None:
         return metric
-    return f"acc{k}" if metric == "acc" else f"{metric}@{k}"
+    return f"{metric}{k}" if metric in ("acc", "lp_acc") else f"{metric}@{k}"

@@ -1,0 +1,81 @@
+"""Linear probe: a logistic-regression layer trained on cached image features of the train split, tested on the test
+split (clip_benchmark's definition; tasks/score/linear_probe.py).
+
+It reads the same cache entries as zero-shot classification: the test split's image entry is the one
+``zeroshot_classification`` wrote, and the train (and val) split entries are image entries like any other. So a probe
+after a zero-shot run encodes only the train split, and a second probe with other settings encodes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from clipcache.storage.errors import DatasetError
+from clipcache.tasks.evaluation.base import Encoded, EvalTask, Prepared, Scored
+from clipcache.tasks.evaluation.common import open_for
+
+
+class LinearProbe(EvalTask):
+    name = "linear_probe"
+    short = "linear probe"
+    description = "lp_acc1, lp_acc5, lp_mean_per_class_recall of a linear layer trained on cached train features"
+    needs = ("image",)
+    option_defaults = {"train_split": "train", "val_split": None, "val_proportion": None, "fewshot_k": -1,
+                       "fewshot_lr": 0.1, "fewshot_epochs": 10, "seed": 0}
+    main_metrics = (("lp_acc", 1, "lp_acc1", 1),)
+
+    def prepare(self, source, prompts, progress):
+        test = self._open(source, progress)
+        return Prepared(test, len(test), source)
+
+    def _open(self, source, progress):
+        dataset = open_for("zeroshot_classification", source, progress)
+        if dataset.labels is None or dataset.labels.ndim != 1:
+            raise DatasetError(f"dataset {source.name!r}: linear_probe needs one class per image (it is multilabel)")
+        return dataset
+
+    def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
+        from clipcache.tasks.encode.stage import check_cached, encode_images, image_key_fields
+
+        started = time.perf_counter()
+        splits = {"image": prepared.data}
+        for role, split in (("train", settings.train_split), ("val", settings.val_split)):
+            if split is not None:
+                splits[role] = self._open(replace(prepared.source, split=split), progress)
+        fields = {}
+        for role, dataset in splits.items():
+            fields[role] = image_key_fields(session, dataset.identity(memo), dataset.split, prepared.source.limit)
+        memo.save()
+        if settings.cached_only:
+            check_cached(store, [(f, f"image embeddings of {splits[role].name} ({splits[role].split} split)")
+                                 for role, f in fields.items()])
+        outcomes = {role: ((sharded or {}).get(role) or
+                           encode_images(session, splits[role], store, fields[role], settings, progress))
+                    for role in splits}
+        return Encoded(outcomes, {"n_classes": len(prepared.data.prompts.classnames)
+                                  if prepared.data.prompts else None}, time.perf_counter() - started)
+
+    def score(self, store, encoded, prepared, settings):
+        import torch
+
+        from clipcache.tasks.score.linear_probe import ProbeSettings, held_out_split, linear_probe
+        from clipcache.tasks.score.stage import check_images
+
+        started = time.perf_counter()
+        features = {}
+        for role, outcome in encoded.outcomes.items():
+            entry = store.open(outcome.ref.key)
+            if role == "image":
+                check_images(entry, prepared.n_samples)
+            features[role] = (torch.from_numpy(entry.embeddings()), torch.from_numpy(entry.array("target")).long())
+        train_x, train_y = features["train"]
+        val_x, val_y = features.get("val", (None, None))
+        if settings.val_proportion is not None:  # held out of train, seeded (clip_benchmark's random_split)
+            keep, held = held_out_split(len(train_y), settings.val_proportion, settings.seed)
+            train_x, train_y, val_x, val_y = train_x[keep], train_y[keep], train_x[held], train_y[held]
+        test_x, test_y = features["image"]
+        probe = ProbeSettings(lr=settings.fewshot_lr, epochs=settings.fewshot_epochs, batch_size=settings.batch_size,
+                              fewshot_k=settings.fewshot_k, seed=settings.seed, device=settings.device)
+        metrics, _ = linear_probe(train_x, train_y, test_x, test_y, probe, val_x, val_y)
+        return Scored(metrics, len(test_y), seconds=time.perf_counter() - started)
