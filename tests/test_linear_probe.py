@@ -146,3 +146,24 @@ def test_held_out_split_is_torchs_random_split(n, proportion):
     keep, held = held_out_split(n, proportion, seed=7)
     a, b = torch.utils.data.random_split(range(n), [1 - proportion, proportion], torch.Generator().manual_seed(7))
     assert keep.tolist() == list(a.indices) and held.tolist() == list(b.indices)
+
+
+def test_image_clustering_reuses_zero_shot_entries_and_matches_sklearn(probe_data, tmp_path, capsys):
+    import numpy as np
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    base = ["--model", "tiny-shapes-clip", "--dataset", "wds/probe", "--dataset_root", str(probe_data),
+            "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"), "--quiet"]
+    assert main(["eval", *base]) == 0
+    store = EmbeddingStore(tmp_path / "cache")
+    keys = set(store.keys())
+    assert main(["rescore", *base, "--task", "image_clustering", "--seed", "2"]) == 0  # nothing new to encode
+    assert set(store.keys()) == keys
+    rows = {r["metric"]: r["value"] for r in pq.read_table(tmp_path / "out" / "warehouse" / "metrics").to_pylist()
+            if r["task"] == "image_clustering"}
+    x, y = features_of(store, "test")
+    clusters = KMeans(n_clusters=len(np.unique(y.numpy())), n_init=10, random_state=2).fit_predict(x.numpy())
+    assert rows == {"image_clustering_nmi": pytest.approx(normalized_mutual_info_score(y.numpy(), clusters)),
+                    "image_clustering_ari": pytest.approx(adjusted_rand_score(y.numpy(), clusters))}
+    assert rows["image_clustering_nmi"] > 0.3  # the tiny model's embeddings do group the classes

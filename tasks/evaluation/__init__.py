@@ -29,6 +29,7 @@ TASKS.register("zeroshot_classification", "clipcache.tasks.evaluation.zeroshot_c
 TASKS.register("zeroshot_retrieval", "clipcache.tasks.evaluation.zeroshot_retrieval:ZeroShotRetrieval")
 TASKS.register("text_retrieval", "clipcache.tasks.evaluation.text_retrieval:TextRetrieval")
 TASKS.register("linear_probe", "clipcache.tasks.evaluation.linear_probe:LinearProbe")
+TASKS.register("image_clustering", "clipcache.tasks.evaluation.image_clustering:ImageClustering")
 
 
 def get_task(name: str) -> EvalTask:

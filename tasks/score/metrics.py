@@ -28,6 +28,8 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
     MetricInfo("lp_acc", True, True, "linear probe: fraction of test samples whose class is among the probe's k "
                                      "highest logits"),
     MetricInfo("lp_mean_per_class_recall", True, False, "linear probe: balanced accuracy of the probe's argmax"),
+    MetricInfo("image_clustering_nmi", True, False, "k-means clusters vs classes: normalised mutual information"),
+    MetricInfo("image_clustering_ari", True, False, "k-means clusters vs classes: adjusted Rand index"),
     MetricInfo("skipped_images", False, False, "images left out as undecodable (--on_bad_image skip)"),
     MetricInfo("ndcg", True, True, "text retrieval: nDCG@k with qrels scores as gains (trec_eval ndcg_cut)"),
     MetricInfo("map", True, True, "text retrieval: mean average precision cut at k (trec_eval map_cut)"),

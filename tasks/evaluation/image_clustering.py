@@ -1,0 +1,67 @@
+"""Image clustering (MIEB's clustering task family): k-means over the cached image embeddings of a classification
+dataset, with as many clusters as the dataset has classes present, scored against the labels.
+
+- ``image_clustering_nmi``: normalised mutual information between clusters and classes (arithmetic mean
+  normalisation, scikit-learn's ``normalized_mutual_info_score``, what MIEB's image clustering evaluator reports);
+- ``image_clustering_ari``: adjusted Rand index (``adjusted_rand_score``).
+
+k-means is scikit-learn's ``KMeans`` (k-means++ initialisation, ``n_init=10``, ``random_state=seed``), on the
+L2-normalised embeddings: the same cache entry zero-shot classification reads, so clustering after a zero-shot run
+encodes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+from clipcache.storage.errors import DatasetError
+from clipcache.tasks.evaluation.base import Encoded, EvalTask, Prepared, Scored
+from clipcache.tasks.evaluation.common import open_for
+
+
+class ImageClustering(EvalTask):
+    name = "image_clustering"
+    short = "clustering"
+    description = "image_clustering_nmi, image_clustering_ari of k-means over cached image embeddings"
+    needs = ("image",)
+    option_defaults = {"seed": 0}
+    main_metrics = (("image_clustering_nmi", None, "image_clustering_nmi", 1),)
+
+    def prepare(self, source, prompts, progress):
+        dataset = open_for("zeroshot_classification", source, progress)
+        if dataset.labels is None or dataset.labels.ndim != 1:
+            raise DatasetError(f"dataset {source.name!r}: image_clustering needs one class per image (it is "
+                               f"multilabel)")
+        return Prepared(dataset, len(dataset), source)
+
+    def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
+        from clipcache.tasks.encode.stage import check_cached, encode_images, image_key_fields
+
+        started = time.perf_counter()
+        dataset = prepared.data
+        fields = image_key_fields(session, dataset.identity(memo), dataset.split, prepared.source.limit)
+        memo.save()
+        if settings.cached_only:
+            check_cached(store, [(fields, f"image embeddings of {dataset.name}")])
+        images = (sharded or {}).get("image") or encode_images(session, dataset, store, fields, settings, progress)
+        return Encoded({"image": images}, seconds=time.perf_counter() - started)
+
+    def score(self, store, encoded, prepared, settings):
+        import numpy as np
+        from sklearn.cluster import KMeans
+        from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+        from clipcache.tasks.score.stage import check_images
+
+        started = time.perf_counter()
+        entry = store.open(encoded.outcomes["image"].ref.key)
+        check_images(entry, prepared.n_samples)
+        embeddings, labels = entry.embeddings(), entry.array("target")
+        n_clusters = len(np.unique(labels))
+        if n_clusters < 2 or len(labels) <= n_clusters:
+            raise DatasetError(f"dataset {prepared.source.name!r}: clustering needs at least 2 classes and more "
+                               f"images than classes ({len(labels)} images, {n_clusters} classes)")
+        clusters = KMeans(n_clusters=n_clusters, n_init=10, random_state=settings.seed).fit_predict(embeddings)
+        metrics = {"image_clustering_nmi": float(normalized_mutual_info_score(labels, clusters)),
+                   "image_clustering_ari": float(adjusted_rand_score(labels, clusters))}
+        return Scored(metrics, len(labels), seconds=time.perf_counter() - started)
