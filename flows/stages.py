@@ -43,6 +43,7 @@ class PrefectStages:
 
     def __init__(self) -> None:
         self._tasks: dict[tuple[str, Callable[..., Any]], Any] = {}
+        ship_logs_to_prefect()
 
     def run(self, name: str, run_name: str, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         from prefect import task
@@ -51,5 +52,35 @@ class PrefectStages:
         key = (name, fn)
         if key not in self._tasks:
             make_task: Any = task  # its overloads do not type a cache policy given by keyword
-            self._tasks[key] = make_task(fn, name=name, cache_policy=NO_CACHE)
+            self._tasks[key] = make_task(_logged(fn), name=name, cache_policy=NO_CACHE)
         return self._tasks[key].with_options(task_run_name=run_name)(*args, **kwargs)
+
+
+def _logged(fn: Callable[..., R]) -> Callable[..., R]:
+    """``fn`` with a start and an end line in the task run's log (as LocalStages writes them)."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> R:
+        from prefect.runtime import task_run
+
+        name = task_run.name or fn.__name__  # the run's own name: stage, model and dataset
+        started = time.perf_counter()
+        log.info("%s: started", name)
+        result = fn(*args, **kwargs)
+        log.info("%s: done in %.2f s", name, time.perf_counter() - started)
+        return result
+
+    return run
+
+
+def ship_logs_to_prefect() -> None:
+    """clipcache's log lines (stage start and end, counts, cache hits, retries) into the Prefect run they belong to,
+    in any process a flow runs in: a worker or `serve` never reads the CLI's PREFECT_LOGGING_EXTRA_LOGGERS."""
+    from prefect.logging.handlers import APILogHandler
+
+    logger = logging.getLogger("clipcache")
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    if not any(isinstance(h, APILogHandler) for h in logger.handlers):
+        logger.addHandler(APILogHandler())
