@@ -88,12 +88,13 @@ def prepare_model(spec: ModelSpec, memo: FileHashMemo, device: str, amp: bool, m
                   progress: StageProgress | None = None) -> Any:
     """A session for ``spec``: its identity resolved, its device chosen; weights load on first encode."""
     from clipcache.tasks.encode.stage import ModelSession
-    from clipcache.tasks.models.devices import precision_name, resolve_device
+    from clipcache.tasks.models.devices import effective_amp, precision_name, resolve_device
     from clipcache.tasks.models.resolve import resolve_model
 
     resolved = resolve_model(spec, memo, model_cache_dir)
     memo.save()
     torch_device = resolve_device(device)
+    amp = effective_amp(torch_device, amp)
     return ModelSession(resolved, torch_device, amp, precision_name(torch_device, amp), model_cache_dir,
                         progress=progress)
 

@@ -141,3 +141,18 @@ def test_hub_ids_fail_cleanly_offline(memo):
     with pytest.raises(ModelError, match="from ModelScope"):
         resolve_model(ModelSpec(model_name="AI-ModelScope/chinese-clip-vit-large-patch14-336px",
                                 model_type="modelscope"), memo)
+
+
+@pytest.mark.parametrize("has_bf16, precision", [("0", "fp32"), ("1", "amp_bf16")])
+def test_amp_on_a_cpu_without_bf16_runs_fp32_and_says_so(has_bf16, precision, tmp_path, monkeypatch, capsys):
+    import json
+
+    from clipcache.flows.cli import main
+
+    monkeypatch.setenv("CLIPCACHE_CPU_BF16", has_bf16)
+    assert main(["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "30", "--amp", "--quiet",
+                 "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]) == 0
+    err = capsys.readouterr().err
+    assert ("no bfloat16 instructions" in err) == (has_bf16 == "0"), err
+    [result] = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob("shapes_zeroshot_classification*.json")]
+    assert result["experiment"]["precision"] == precision
