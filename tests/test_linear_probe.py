@@ -72,6 +72,7 @@ def clip_benchmark_probe(store, tmp_path, monkeypatch, fewshot_k, lr, epochs, se
                                     normalize=True, amp=False)
 
 
+@pytest.mark.full  # end to end: encodes train and test splits
 @pytest.mark.parametrize("fewshot_k, with_val", [(-1, False), (4, False), (-1, True)])
 def test_the_probe_equals_clip_benchmarks_own_code_on_the_same_features(probe_data, tmp_path, monkeypatch,
                                                                          fewshot_k, with_val):
@@ -87,6 +88,7 @@ def test_the_probe_equals_clip_benchmarks_own_code_on_the_same_features(probe_da
     assert again == metrics  # deterministic
 
 
+@pytest.mark.full  # end to end: encodes train and test splits
 def test_the_probe_reads_zero_shot_entries_and_other_settings_encode_nothing(probe_data, tmp_path, capsys):
     base = ["--model", "tiny-shapes-clip", "--dataset", "wds/probe", "--dataset_root", str(probe_data),
             "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"), "--quiet"]
@@ -148,6 +150,7 @@ def test_held_out_split_is_torchs_random_split(n, proportion):
     assert keep.tolist() == list(a.indices) and held.tolist() == list(b.indices)
 
 
+@pytest.mark.full  # end to end: encodes train and test splits
 def test_image_clustering_reuses_zero_shot_entries_and_matches_sklearn(probe_data, tmp_path, capsys):
     import numpy as np
     from sklearn.cluster import KMeans

@@ -63,6 +63,7 @@ CASES = {
 }
 
 
+@pytest.mark.full  # end to end: an eval, a rescore and the remedy per case
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_bad_entry_is_one_line_and_writes_no_metric(case, tmp_path, capsys):
     dataset, role, change, message = CASES[case]
@@ -99,6 +100,7 @@ def test_k_below_one_is_one_line(k, tmp_path, capsys):
     assert not (tmp_path / "out" / "warehouse" / "metrics").exists()
 
 
+@pytest.mark.full
 def test_ties_reach_the_table_the_json_and_the_warehouse(tmp_path, capsys):
     """Repeated captions tie exactly: the table grows a ties column, and the counts are queryable."""
     import json
