@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
-from clipcache.flows.evalscope import WorkDir, tool_name
+from clipcache.flows.evalscope_common import WorkDir, tool_name
 from clipcache.flows.params import EvaluateParams, validate
 
 MTEB_K_VALUES = [1, 3, 5, 10, 20, 100, 1000]  # the k MTEB's retrieval tasks report (AbsTaskRetrieval.k_values)

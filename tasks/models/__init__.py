@@ -6,9 +6,13 @@ builds the torch model only when something actually needs encoding. See tasks/mo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from clipcache.storage.errors import ModelError
-from clipcache.tasks.models.loader import ModelLoader
 from clipcache.tasks.registry import Registry
+
+if TYPE_CHECKING:  # the loaders import ModelSpec, whose validator reads this registry: no import circle at run time
+    from clipcache.tasks.models.loader import ModelLoader
 
 LOADERS: Registry[ModelLoader] = Registry("model type", ModelError, entry_point_group="clipcache.models")
 LOADERS.register("open_clip", "clipcache.tasks.models.open_clip_loader:LOADER")

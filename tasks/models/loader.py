@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".npz")
 
 
+# Architectures named without weights get random ones, seeded: they are part of the cache key (benchmarks use them).
+RANDOM_INIT_SEED = 0
+
 @dataclass(frozen=True)
 class ResolvedModel:
     loader: str  # the registry name of the loader that resolved it

@@ -16,6 +16,7 @@ from typing import Any
 from clipcache.storage.errors import ConfigError, ModelError
 from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.models.loader import (
+    RANDOM_INIT_SEED,
     WEIGHT_SUFFIXES,
     ModelLoader,
     ResolvedModel,
@@ -26,7 +27,6 @@ from clipcache.tasks.models.loader import (
 from clipcache.tasks.models.spec import ModelSpec
 
 BUNDLED = {"tiny-shapes-clip": Path(__file__).parent / "assets" / "tiny-shapes-clip"}
-RANDOM_INIT_SEED = 0
 
 
 @cache

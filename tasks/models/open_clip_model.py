@@ -7,8 +7,7 @@ from PIL import Image
 
 from clipcache.storage.errors import ModelError
 from clipcache.tasks.models.base import TwoTowerModel
-from clipcache.tasks.models.loader import ResolvedModel
-from clipcache.tasks.models.open_clip_loader import RANDOM_INIT_SEED
+from clipcache.tasks.models.loader import RANDOM_INIT_SEED, ResolvedModel
 
 
 class OpenClipModel(TwoTowerModel):
