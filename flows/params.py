@@ -62,11 +62,11 @@ class EvaluateParams(BaseModel):
                                                     "(clip_benchmark's sweep); exclusive with val_proportion")
     val_proportion: float | None = Field(None, gt=0, lt=1, description="linear_probe: the share of the train split "
                                                                         "held out to choose the weight decay")
-    fewshot_k: int = Field(-1, ge=-1, description="linear_probe: training samples per class (-1: all)")
+    fewshot_k: int = Field(-1, ge=-1, description="linear_probe: training samples per class (-1: all, else >= 1)")
     fewshot_lr: float = Field(0.1, gt=0, description="linear_probe: learning rate (AdamW, cosine schedule)")
     fewshot_epochs: PositiveInt = Field(10, description="linear_probe: epochs")
     seed: int = Field(0, description="linear_probe: seed of the layer's initialisation, the batch order, the "
-                                     "few-shot pick and the val_proportion split")
+                                     "few-shot pick and the val_proportion split; image_clustering: k-means' seed")
     normalize: str = Field("true", description="linear_probe: L2-normalised features, clip_benchmark's default "
                                                "(the only choice: the cache holds normalised embeddings)")
     batch_size: PositiveInt = Field(64, description="images or texts per forward pass")
@@ -135,6 +135,13 @@ class EvaluateParams(BaseModel):
             return "true"
         raise ValueError(f"{value!r}: only normalised features can be probed (the cache holds L2-normalised "
                          f"embeddings, clip_benchmark's default --normalize True)")
+
+    @field_validator("fewshot_k")
+    @classmethod
+    def _all_or_some(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("0 samples per class trains nothing: give -1 (all) or a number >= 1")
+        return value
 
     @model_validator(mode="after")
     def _one_validation_source(self) -> EvaluateParams:

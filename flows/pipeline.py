@@ -224,6 +224,9 @@ def eval_command(params: EvaluateParams, spec: ModelSpec, dataset: str, language
                 ("--model_type", None if spec.model_type == "auto" else spec.model_type),
                 ("--arch_config", spec.arch_config), ("--dataset", dataset), ("--dataset_root", params.dataset_root),
                 ("--split", None if params.split == "test" else params.split),
+                ("--task", None if params.task == "auto" else params.task),
+                ("--train_split", None if params.train_split == "train" else params.train_split),
+                ("--val_split", params.val_split),
                 ("--language", None if language == "en" else language),
                 ("--limit", params.limit), ("--cache_dir", None if params.cache_dir == "cache" else params.cache_dir)]
     for flag, value in optional:

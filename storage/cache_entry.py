@@ -110,8 +110,8 @@ class EmbeddingEntry:
         if seals:
             rows = self.chunk_rows
             blocks = [data[i * rows : (i + 1) * rows] for i in range(len(seals))]
-            if len(blocks) != len(seals):
-                raise self._damaged(name, min(len(blocks), len(seals)))
+            if -(-len(data) // rows) != len(seals):  # rows no seal covers, or seals of missing rows
+                raise self._damaged(name, min(-(-len(data) // rows), len(seals)))
             with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
                 found = list(pool.map(block_matches, blocks, seals))
             if not all(found):
@@ -133,8 +133,11 @@ class EmbeddingEntry:
                 data = self._read(name, lo, hi)
                 if seals:
                     first = lo // rows
-                    found = list(pool.map(block_matches, [data[b - lo : b - lo + rows] for b in range(lo, hi, rows)],
-                                          seals[first : first + -(-(hi - lo) // rows)]))
+                    pieces = [data[b - lo : b - lo + rows] for b in range(lo, hi, rows)]
+                    wanted = seals[first : first + len(pieces)]
+                    if len(wanted) != len(pieces):  # rows that no seal covers
+                        raise self._damaged(name, first + len(wanted))
+                    found = list(pool.map(block_matches, pieces, wanted))
                     if not all(found):
                         raise self._damaged(name, first + found.index(False))
                 yield lo, data

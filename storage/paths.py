@@ -73,7 +73,7 @@ def lock(path: AnyPath) -> contextlib.AbstractContextManager:
 
 
 class _NoLock(contextlib.nullcontext):
-    def acquire(self) -> None:
+    def acquire(self, timeout: float | None = None) -> None:
         pass
 
     def release(self) -> None:

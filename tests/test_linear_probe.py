@@ -121,6 +121,7 @@ def test_the_probe_reads_zero_shot_entries_and_other_settings_encode_nothing(pro
     (["--val_split", "val", "--val_proportion", "0.2"], "give one of them"),
     (["--normalize", "False"], "normalize"),
     (["--val_proportion", "1.5"], "val_proportion"),
+    (["--fewshot_k", "0"], "fewshot_k"),
 ])
 def test_bad_probe_settings_are_one_line_and_write_nothing(probe_data, tmp_path, capsys, extra, message):
     code = main(["eval", "--model", "tiny-shapes-clip", "--dataset", "wds/probe", "--dataset_root", str(probe_data),
@@ -170,3 +171,16 @@ def test_image_clustering_reuses_zero_shot_entries_and_matches_sklearn(probe_dat
     assert rows == {"image_clustering_nmi": pytest.approx(normalized_mutual_info_score(y.numpy(), clusters)),
                     "image_clustering_ari": pytest.approx(adjusted_rand_score(y.numpy(), clusters))}
     assert rows["image_clustering_nmi"] > 0.3  # the tiny model's embeddings do group the classes
+
+
+def test_a_probe_rescore_that_misses_names_the_eval_that_fills_it(probe_data, tmp_path, capsys):
+    import shlex
+
+    base = ["--model", "tiny-shapes-clip", "--dataset", "wds/probe", "--dataset_root", str(probe_data),
+            "--task", "linear_probe", "--train_split", "val", "--limit", "40", "--cache_dir", str(tmp_path / "cache")]
+    assert main(["rescore", *base, "--output_dir", str(tmp_path / "out"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    command = err.split("Fill it with:")[1].strip().splitlines()[0]
+    assert "--task linear_probe" in command and "--train_split val" in command
+    assert main([*shlex.split(command)[1:], "--output_dir", str(tmp_path / "out"), "--quiet"]) == 0  # as printed
+    assert main(["rescore", *base, "--output_dir", str(tmp_path / "out"), "--quiet"]) == 0  # now all cached

@@ -55,6 +55,8 @@ def add_everything_else(out):
     write_run(out, late, [{"model": "minilm", "dataset": "beir", "task": "text_retrieval", "metric": "ndcg", "k": 10,
                            "value": 0.42}])
     write_run(out, late, [{"model": "model-a", "dataset": "cls", "value": 0.33, "language": "cn"}])
+    write_run(out, late, [{"model": "model-a", "dataset": "cls", "task": "linear_probe", "metric": "lp_acc",
+                           "value": 0.88}])
     write_run(out, late, [{"model": "model-a", "dataset": "cls", "value": 0.97}], status="failed")
 
 
@@ -193,11 +195,16 @@ def test_dbt_build_and_report_in_a_real_browser(history, tmp_path):
 
     con = duckdb.connect(str(history / "report" / "reports.duckdb"))
     board = {(m, p, d): v for m, p, d, v in
-             con.sql("select model, pretrained, dataset, main_value from leaderboard where language = 'en'").fetchall()}
+             con.sql("select model, pretrained, dataset, main_value from leaderboard where language = 'en' "
+                     "and task <> 'linear_probe'").fetchall()}
     # another language is its own row and its own column in the report, never mixed into the English one
     assert con.sql("select dataset_label, main_value from leaderboard where language = 'cn'").fetchall() == \
         [("cls [cn]", pytest.approx(0.33))]
     assert "cls [cn]" in page
+    # a probe on the same dataset is a column of its own, and its own macro average: never mixed with zero-shot
+    assert "cls · linear_probe" in page and "cls · zeroshot_classification" in page
+    assert con.sql("select macro_average from model_summary where model = 'model-a' and pretrained is null "
+                   "and task = 'linear_probe'").fetchall() == [(pytest.approx(0.88),)]
     assert board[("model-b", None, "cls")] == pytest.approx(0.60)  # the latest night, not the better first one
     # the limited run, the what-if and the failed run never become the value; the other checkpoint is its own row
     assert board[("model-a", None, "cls")] == pytest.approx(0.72)

@@ -43,7 +43,8 @@ def cpu_has_bf16() -> bool:
 
 def effective_amp(device: torch.device, amp: bool) -> bool:
     """``--amp`` as it will run: on a CPU without bfloat16 instructions autocast would only slow encoding down, so it
-    runs fp32 (said once, as a warning; the results and cache entries are then fp32's, which they equal)."""
+    runs fp32 (said as a warning for each model it concerns; results and cache entries are then fp32's, which they
+    equal)."""
     if amp and device.type == "cpu" and not cpu_has_bf16():
         import logging
 

@@ -121,8 +121,8 @@ def render_report(database: Path, out: Path, history_rows: int = 200) -> Path:
     # dbt-duckdb may still hold this file open in this process; a second connection must use the same config.
     con = duckdb.connect(str(database))
     # model_label: the model, its checkpoint label and a non-fp32 precision (two checkpoints are two rows)
-    summary = con.sql("select model, pretrained, n_datasets, macro_average, newest_result from model_summary "
-                      "order by macro_average desc nulls last").fetchall()
+    summary = con.sql("select model, pretrained, task, n_datasets, macro_average, newest_result from model_summary "
+                      "order by task, macro_average desc nulls last").fetchall()
     # dataset_label: the dataset with a split other than test and a language other than en (one column each)
     board = con.sql("select model_label, dataset_label, task, main_metric, main_value, n_samples, run_id, created_at "
                     "from leaderboard order by dataset_label, main_value desc nulls last").fetchall()
@@ -135,9 +135,14 @@ def render_report(database: Path, out: Path, history_rows: int = 200) -> Path:
     n_regressed = con.sql("select count(*) from metric_history where regressed").fetchall()[0][0]
     con.close()
 
+    # a dataset evaluated by several tasks (zero-shot, a linear probe, clustering) gets a column per task
+    tasks_of: dict[str, set[str]] = {}
+    for r in board:
+        tasks_of.setdefault(r[1], set()).add(r[2])
+    column = {(r[1], r[2]): r[1] if len(tasks_of[r[1]]) == 1 else f"{r[1]} · {r[2]}" for r in board}
     models = sorted({r[0] for r in board})
-    datasets = sorted({r[1] for r in board})
-    heat = {(r[0], r[1]): r[4] for r in board}
+    datasets = sorted(set(column.values()))
+    heat = {(r[0], column[r[1], r[2]]): r[4] for r in board}
     by_dataset: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for model, dataset, direction, k, value in curves:
         by_dataset.setdefault(dataset, {}).setdefault(f"{model} · {direction}", []).append((k, value))
@@ -147,8 +152,8 @@ def render_report(database: Path, out: Path, history_rows: int = 200) -> Path:
         f"<h1>clipcache report</h1><p class='muted'>{len(models)} models, {len(datasets)} datasets, latest run per "
         f"model × dataset · generated {now} · {n_regressed} regression(s) flagged</p>",
         "<h2>Models (macro average of each dataset's main metric)</h2>",
-        _table(["model", "pretrained", "datasets", "macro average", "newest result"],
-               [[_e(m), _e(p), str(n), _num(v), _when(t)] for m, p, n, v, t in summary], {2, 3}),
+        _table(["model", "pretrained", "task", "datasets", "macro average", "newest result"],
+               [[_e(m), _e(p), _e(k), str(n), _num(v), _when(t)] for m, p, k, n, v, t in summary], {3, 4}),
         "<h2>Leaderboard</h2><p class='muted'>Latest complete run on the full data with the dataset's own prompts, "
         "per model checkpoint. Main metric: acc1 for classification (mAP for multilabel), mean of text→image and "
         "image→text recall@5 for retrieval, nDCG@10 for text retrieval.</p>",
