@@ -96,7 +96,10 @@ class WebDataset(EvalDataset):
         self._handles.clear()
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except (AttributeError, TypeError, OSError):  # at interpreter exit `os` may be gone; the OS closes them
+            pass
 
 
 def _dataset_type(root: Path) -> str:
