@@ -27,11 +27,16 @@ class LocalStages:
     kind = "local"
 
     def run(self, name: str, run_name: str, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
-        started = time.perf_counter()
-        log.info("%s: started", run_name)
-        result = fn(*args, **kwargs)
-        log.info("%s: done in %.2f s", run_name, time.perf_counter() - started)
-        return result
+        return _run_logged(run_name, fn, *args, **kwargs)
+
+
+def _run_logged(run_name: str, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    """``fn(*args, **kwargs)`` between a start and an end line, the same under both kinds of stages."""
+    started = time.perf_counter()
+    log.info("%s: started", run_name)
+    result = fn(*args, **kwargs)
+    log.info("%s: done in %.2f s", run_name, time.perf_counter() - started)
+    return result
 
 
 class PrefectStages:
@@ -64,12 +69,7 @@ def _logged(fn: Callable[..., R]) -> Callable[..., R]:
     def run(*args: Any, **kwargs: Any) -> R:
         from prefect.runtime import task_run
 
-        name = task_run.name or fn.__name__  # the run's own name: stage, model and dataset
-        started = time.perf_counter()
-        log.info("%s: started", name)
-        result = fn(*args, **kwargs)
-        log.info("%s: done in %.2f s", name, time.perf_counter() - started)
-        return result
+        return _run_logged(task_run.name or fn.__name__, fn, *args, **kwargs)  # named: stage, model, dataset
 
     return run
 

@@ -117,12 +117,12 @@ class EmbeddingStore:
         except Timeout:
             return None
         try:
-            # written in place (object stores), the partial entry and the entry are one folder
-            paths = [] if partial_only and not self.in_place else [self.entry_path(key)]
-            if not self.in_place:
-                paths.append(self.partial_path(key))
-            if partial_only and self.in_place and self.has(key):
-                return 0  # published meanwhile: not partial any more
+            if self.in_place:  # written in place (object stores): the partial entry and the entry are one folder
+                if partial_only and self.has(key):
+                    return 0  # published meanwhile: not partial any more
+                paths = [self.entry_path(key)]
+            else:
+                paths = [self.partial_path(key)] if partial_only else [self.entry_path(key), self.partial_path(key)]
             for path in paths:
                 if path.exists():
                     freed += folder_bytes(path)

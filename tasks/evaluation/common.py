@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from clipcache.storage.errors import ConfigError, DatasetError
 from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset
-from clipcache.tasks.evaluation.base import DataSource, PromptSettings
+from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, PromptSettings
 from clipcache.tasks.progress import StageProgress
 
 KIND = {"zeroshot_classification": "a classification", "zeroshot_retrieval": "an image-text retrieval"}
@@ -17,6 +19,27 @@ def open_for(task: str, source: DataSource, progress: StageProgress) -> EvalData
         raise DatasetError(f"task {task!r} does not fit dataset {source.name!r}: it is {KIND.get(dataset.task, 'a')} "
                            f"dataset (use --task {dataset.task} or --task auto)")
     return dataset
+
+
+def open_single_label(task: str, source: DataSource, progress: StageProgress) -> EvalDataset:
+    """A classification dataset with one class per image (what a probe or a clustering learns or scores against)."""
+    dataset = open_for("zeroshot_classification", source, progress)
+    if dataset.labels is None or dataset.labels.ndim != 1:
+        raise DatasetError(f"dataset {source.name!r}: {task} needs one class per image (it is multilabel)")
+    return dataset
+
+
+def encode_split_images(session: Any, dataset: EvalDataset, store: Any, memo: Any, settings: EncodeSettings,
+                        progress: StageProgress, limit: int | None, sharded: Any = None) -> Any:
+    """The image entry of ``dataset`` (one split): from ``sharded`` workers, the cache, or encoded now; with
+    ``cached_only`` a missing entry is a CacheMissError. Every task that reads images shares these entries."""
+    from clipcache.tasks.encode.stage import check_cached, encode_images, image_key_fields
+
+    fields = image_key_fields(session, dataset.identity(memo), dataset.split, limit)
+    memo.save()
+    if settings.cached_only:
+        check_cached(store, [(fields, f"image embeddings of {dataset.name} ({dataset.split} split)")])
+    return sharded or encode_images(session, dataset, store, fields, settings, progress)
 
 
 def check_language(dataset: EvalDataset, language: str) -> None:

@@ -16,7 +16,7 @@ import time
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.evaluation.base import Encoded, EvalTask, Prepared, Scored
-from clipcache.tasks.evaluation.common import open_for
+from clipcache.tasks.evaluation.common import encode_split_images, open_single_label
 
 
 class ImageClustering(EvalTask):
@@ -28,22 +28,13 @@ class ImageClustering(EvalTask):
     main_metrics = (("image_clustering_nmi", None, "image_clustering_nmi", 1),)
 
     def prepare(self, source, prompts, progress):
-        dataset = open_for("zeroshot_classification", source, progress)
-        if dataset.labels is None or dataset.labels.ndim != 1:
-            raise DatasetError(f"dataset {source.name!r}: image_clustering needs one class per image (it is "
-                               f"multilabel)")
+        dataset = open_single_label(self.name, source, progress)
         return Prepared(dataset, len(dataset), source)
 
     def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
-        from clipcache.tasks.encode.stage import check_cached, encode_images, image_key_fields
-
         started = time.perf_counter()
-        dataset = prepared.data
-        fields = image_key_fields(session, dataset.identity(memo), dataset.split, prepared.source.limit)
-        memo.save()
-        if settings.cached_only:
-            check_cached(store, [(fields, f"image embeddings of {dataset.name}")])
-        images = (sharded or {}).get("image") or encode_images(session, dataset, store, fields, settings, progress)
+        images = encode_split_images(session, prepared.data, store, memo, settings, progress, prepared.source.limit,
+                                     (sharded or {}).get("image"))
         return Encoded({"image": images}, seconds=time.perf_counter() - started)
 
     def score(self, store, encoded, prepared, settings):

@@ -11,9 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from clipcache.storage.errors import DatasetError
 from clipcache.tasks.evaluation.base import Encoded, EvalTask, Prepared, Scored
-from clipcache.tasks.evaluation.common import open_for
+from clipcache.tasks.evaluation.common import encode_split_images, open_single_label
 
 
 class LinearProbe(EvalTask):
@@ -26,35 +25,19 @@ class LinearProbe(EvalTask):
     main_metrics = (("lp_acc", 1, "lp_acc1", 1),)
 
     def prepare(self, source, prompts, progress):
-        test = self._open(source, progress)
+        test = open_single_label(self.name, source, progress)
         return Prepared(test, len(test), source)
 
-    def _open(self, source, progress):
-        dataset = open_for("zeroshot_classification", source, progress)
-        if dataset.labels is None or dataset.labels.ndim != 1:
-            raise DatasetError(f"dataset {source.name!r}: linear_probe needs one class per image (it is multilabel)")
-        return dataset
-
     def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
-        from clipcache.tasks.encode.stage import check_cached, encode_images, image_key_fields
-
         started = time.perf_counter()
         splits = {"image": prepared.data}
         for role, split in (("train", settings.train_split), ("val", settings.val_split)):
             if split is not None:
-                splits[role] = self._open(replace(prepared.source, split=split), progress)
-        fields = {}
-        for role, dataset in splits.items():
-            fields[role] = image_key_fields(session, dataset.identity(memo), dataset.split, prepared.source.limit)
-        memo.save()
-        if settings.cached_only:
-            check_cached(store, [(f, f"image embeddings of {splits[role].name} ({splits[role].split} split)")
-                                 for role, f in fields.items()])
-        outcomes = {role: ((sharded or {}).get(role) or
-                           encode_images(session, splits[role], store, fields[role], settings, progress))
-                    for role in splits}
-        return Encoded(outcomes, {"n_classes": len(prepared.data.prompts.classnames)
-                                  if prepared.data.prompts else None}, time.perf_counter() - started)
+                splits[role] = open_single_label(self.name, replace(prepared.source, split=split), progress)
+        outcomes = {role: encode_split_images(session, dataset, store, memo, settings, progress,
+                                              prepared.source.limit, (sharded or {}).get(role))
+                    for role, dataset in splits.items()}
+        return Encoded(outcomes, seconds=time.perf_counter() - started)
 
     def score(self, store, encoded, prepared, settings):
         import torch

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from clipcache.tasks.evaluation.base import Encoded, EvalTask, Prepared, Scored
-from clipcache.tasks.evaluation.common import class_prompts, open_for
+from clipcache.tasks.evaluation.common import class_prompts, encode_split_images, open_for
 
 
 class ZeroShotClassification(EvalTask):
@@ -23,16 +23,12 @@ class ZeroShotClassification(EvalTask):
         return Prepared(dataset, len(dataset), source, chosen, default, chosen.sha256)
 
     def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
-        from clipcache.tasks.encode.stage import check_cached, encode_images, encode_prompts, image_key_fields
+        from clipcache.tasks.encode.stage import encode_prompts
 
         started = time.perf_counter()
         dataset = prepared.data
-        identity = dataset.identity(memo)
-        memo.save()
-        fields = image_key_fields(session, identity, dataset.split, prepared.source.limit)
-        if settings.cached_only:
-            check_cached(store, [(fields, f"image embeddings of {dataset.name}")])
-        images = (sharded or {}).get("image") or encode_images(session, dataset, store, fields, settings, progress)
+        images = encode_split_images(session, dataset, store, memo, settings, progress, prepared.source.limit,
+                                     (sharded or {}).get("image"))
         prompts = encode_prompts(session, prepared.prompts.prompts(), store, settings.batch_size, progress,
                                  dataset.name)
         return Encoded({"image": images, "prompt": prompts}, {"n_classes": len(prepared.prompts.classnames),
