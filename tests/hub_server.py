@@ -1,9 +1,15 @@
 """A local stand-in for the Hugging Face / ModelScope dataset file servers, on 127.0.0.1 only.
 
-Serves ``<root>/<repo>/<path>`` at ``/datasets/<repo>/resolve/<main|master>/<path>``, with Content-Length, a sha256
-``X-Linked-Etag`` for .tar files (as the Hugging Face hub does for LFS files) and HTTP Range support. Faults on demand:
-``drop_once`` (send half of a file, then close the connection, the first time it is asked for) and ``corrupt``
-(serve flipped bytes under the true etag).
+Serves ``<root>/<repo>/<path>`` the way each hub's client library asks for it:
+
+- Hugging Face (``huggingface_hub.hf_hub_download``): ``HEAD`` / ``GET /datasets/<repo>/resolve/<rev>/<path>``, with
+  ``X-Repo-Commit``, an ``ETag`` (the sha256 of the bytes, as the hub gives for LFS files, also as ``X-Linked-Etag``
+  and ``X-Linked-Size``) and ``X-Error-Code: EntryNotFound`` / ``RepoNotFound`` on a 404.
+- ModelScope (``dataset_file_download``): ``GET /api/v1/datasets/<repo>/repo?Revision=<rev>&FilePath=<path>``.
+
+Both support HTTP Range. Faults on demand: ``drop_once`` (send half of a file, then close the connection, the first
+time it is asked for) and ``corrupt`` (serve flipped bytes under the true etag). ``requests`` records each GET path
+with its Range header and its Authorization header.
 """
 
 from __future__ import annotations
@@ -11,10 +17,13 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-ROUTE = re.compile(r"^/datasets/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>main|master)/(?P<path>.+)$")
+HF_ROUTE = re.compile(r"^/datasets/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>[^?]+)$")
+MS_ROUTE = re.compile(r"^/api/v1/datasets/(?P<repo>[^/]+/[^/]+)/repo$")
+COMMIT = "0" * 39 + "1"
 
 
 class HubServer:
@@ -23,43 +32,80 @@ class HubServer:
         self.drop_once: set[str] = set()
         self.corrupt: set[str] = set()
         self.requests: list[tuple[str, str | None]] = []
+        self.authorizations: list[str | None] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):  # keep test output clean
                 pass
 
+            def _locate(self) -> tuple[Path | None, str, str]:
+                """(file or None, repo, path inside the repo)"""
+                url = urllib.parse.urlsplit(self.path)
+                if m := HF_ROUTE.match(url.path):
+                    repo, path = m["repo"], urllib.parse.unquote(m["path"])
+                elif m := MS_ROUTE.match(url.path):
+                    query = urllib.parse.parse_qs(url.query)
+                    repo, path = m["repo"], query.get("FilePath", [""])[0]
+                else:
+                    return None, "", ""
+                file = server.root / repo / path
+                return (file if path and file.is_file() else None), repo, path
+
+            def _not_found(self, repo: str) -> None:
+                self.send_response(404)
+                exists = bool(repo) and (server.root / repo).is_dir()
+                self.send_header("X-Error-Code", "EntryNotFound" if exists else "RepoNotFound")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def _headers(self, file: Path, data: bytes, length: int) -> None:
+                etag = hashlib.sha256(data).hexdigest()
+                self.send_header("Content-Length", str(length))
+                self.send_header("X-Repo-Commit", COMMIT)
+                self.send_header("ETag", f'"{etag}"')
+                if file.suffix == ".tar":
+                    self.send_header("X-Linked-Etag", f'"{etag}"')
+                    self.send_header("X-Linked-Size", str(len(data)))
+                self.send_header("Accept-Ranges", "bytes")
+
             def do_HEAD(self):  # noqa: N802
-                m = ROUTE.match(self.path)
-                file = server.root / m["repo"] / m["path"] if m else None
-                self.send_response(200 if file is not None and file.is_file() else 404)
+                file, repo, _ = self._locate()
+                if file is None:
+                    self._not_found(repo)
+                    return
+                data = file.read_bytes()
+                self.send_response(200)
+                self._headers(file, data, len(data))
                 self.end_headers()
 
             def do_GET(self):  # noqa: N802
                 server.requests.append((self.path, self.headers.get("Range")))
-                m = ROUTE.match(self.path)
-                file = server.root / m["repo"] / m["path"] if m else None
-                if file is None or not file.is_file():
-                    self.send_error(404)
+                server.authorizations.append(self.headers.get("Authorization"))
+                file, repo, path = self._locate()
+                if file is None:
+                    self._not_found(repo)
                     return
-                data = file.read_bytes()
-                etag = hashlib.sha256(data).hexdigest()
-                if m["path"] in server.corrupt:
-                    data = bytes(b ^ 0xFF for b in data[:64]) + data[64:]
-                start = 0
+                true = file.read_bytes()
+                data = bytes(b ^ 0xFF for b in true[:64]) + true[64:] if path in server.corrupt else true
+                start, end = 0, len(data) - 1
                 if rng := self.headers.get("Range"):
-                    start = int(rng.split("=")[1].split("-")[0])
+                    first, _, last = rng.split("=")[1].partition("-")
+                    start, end = int(first), min(int(last), end) if last else end
                     if start >= len(data):
-                        self.send_error(416)
+                        self.send_response(416)
+                        self.send_header("Content-Range", f"bytes */{len(data)}")
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
                         return
-                body = data[start:]
-                self.send_response(206 if start else 200)
-                self.send_header("Content-Length", str(len(body)))
-                if file.suffix == ".tar":
-                    self.send_header("X-Linked-Etag", f'"{etag}"')
+                body = data[start:end + 1]
+                self.send_response(206 if rng else 200)
+                self._headers(file, true, len(body))
+                if rng:
+                    self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
                 self.end_headers()
-                if m["path"] in server.drop_once:
-                    server.drop_once.discard(m["path"])
+                if path in server.drop_once:
+                    server.drop_once.discard(path)
                     self.wfile.write(body[: len(body) // 2])
                     self.wfile.flush()
                     self.connection.close()
