@@ -3,6 +3,7 @@
 - ``shapes`` / ``shapes_retrieval``: the bundled synthetic data (no files needed).
 - ``custom``: evalscope's ``image_queries.jsonl`` layout under ``dataset_root`` / ``data_dir``.
 - ``imagefolder`` / ``image_labels``: users' classification data (tasks/datasets/labelled.py).
+- ``sugar_crepe/<task>`` / ``winoground``: image-caption selection from their local copies (tasks/datasets/selection.py).
 - ``wds/<name>``: the hosted webdataset layout under ``dataset_root`` (a directory or a template with ``{dataset}`` /
   ``{dataset_cleaned}``, as in clip_benchmark).
 - any name from ``catalog.csv`` (the 43 CLIP-benchmark datasets): the same webdataset layout under ``dataset_root``.
@@ -27,11 +28,17 @@ DATASETS.register("shapes_retrieval", "clipcache.tasks.datasets.loaders:shapes_r
 DATASETS.register("custom", "clipcache.tasks.datasets.loaders:custom")
 DATASETS.register("imagefolder", "clipcache.tasks.datasets.loaders:imagefolder")
 DATASETS.register("image_labels", "clipcache.tasks.datasets.loaders:image_labels")
+DATASETS.register("winoground", "clipcache.tasks.datasets.loaders:winoground")
+SUGAR_CREPE = tuple(f"sugar_crepe/{task}" for task in ("add_att", "add_obj", "replace_att", "replace_obj",
+                                                         "replace_rel", "swap_att", "swap_obj"))
+for _name in SUGAR_CREPE:
+    DATASETS.register(_name, "clipcache.tasks.datasets.loaders:sugar_crepe")
 
 # The task each registered (non-catalog) dataset serves.
 REGISTERED_TASKS = {"shapes": "zeroshot_classification", "shapes_retrieval": "zeroshot_retrieval",
                     "custom": "zeroshot_retrieval", "imagefolder": "zeroshot_classification",
-                    "image_labels": "zeroshot_classification"}
+                    "image_labels": "zeroshot_classification", "winoground": "image_caption_selection",
+                    **dict.fromkeys(SUGAR_CREPE, "image_caption_selection")}
 
 WDS_PREFIX = "wds/"
 

@@ -21,8 +21,8 @@ from PIL import Image, UnidentifiedImageError
 from clipcache.storage.errors import ConfigError, DatasetError
 from clipcache.storage.hashing import FileHashMemo
 
-Task = Literal["zeroshot_classification", "zeroshot_retrieval"]
-TASKS: tuple[Task, ...] = ("zeroshot_classification", "zeroshot_retrieval")
+Task = Literal["zeroshot_classification", "zeroshot_retrieval", "image_caption_selection"]
+TASKS: tuple[Task, ...] = ("zeroshot_classification", "zeroshot_retrieval", "image_caption_selection")
 
 
 def read_text_list(path: str | Path, what: str, dataset: str | None = None) -> list[str] | None:

@@ -44,3 +44,15 @@ def image_labels(name: str, root: Path | None, split: str, limit: int | None) ->
     from clipcache.tasks.datasets.labelled import load_image_labels
 
     return load_image_labels(name, _root(name, root), split, limit)
+
+
+def sugar_crepe(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+    from clipcache.tasks.datasets.selection import load_sugar_crepe
+
+    return load_sugar_crepe(name, _root(name, root), split, limit)
+
+
+def winoground(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+    from clipcache.tasks.datasets.selection import load_winoground
+
+    return load_winoground(name, _root(name, root), split, limit)

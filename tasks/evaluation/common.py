@@ -9,7 +9,8 @@ from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, PromptSettings
 from clipcache.tasks.progress import StageProgress
 
-KIND = {"zeroshot_classification": "a classification", "zeroshot_retrieval": "an image-text retrieval"}
+KIND = {"zeroshot_classification": "a classification", "zeroshot_retrieval": "an image-text retrieval",
+        "image_caption_selection": "an image-caption selection"}
 
 
 def open_for(task: str, source: DataSource, progress: StageProgress) -> EvalDataset:

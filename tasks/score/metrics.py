@@ -19,7 +19,13 @@ class MetricInfo:
 
 
 METRICS: dict[str, MetricInfo] = {m.name: m for m in [
-    MetricInfo("acc", True, True, "fraction of samples whose true class is among the k highest logits"),
+    MetricInfo("acc", True, True, "fraction of samples whose true class is among the k highest logits; without k "
+               "(image_caption_selection): fraction of items whose images and captions all pick their own partner "
+               "(Winoground's group score)"),
+    MetricInfo("image_acc", True, False, "image_caption_selection: fraction of items whose captions each pick their "
+               "own image (Winoground's image score)"),
+    MetricInfo("text_acc", True, False, "image_caption_selection: fraction of items whose images each pick their own "
+               "caption (Winoground's text score)"),
     MetricInfo("mean_per_class_recall", True, False, "mean over classes present in the targets of per-class recall "
                                                      "of the argmax (balanced accuracy)"),
     MetricInfo("mean_average_precision", True, False, "mean over classes of average precision (multilabel)"),

@@ -126,3 +126,30 @@ def score_retrieval(store: EmbeddingStore, images: EmbeddingRef, captions: Embed
                                    list(settings.recall_k), which=others)
         metrics.update(ranked)
     return with_skipped_images(metrics, image_entry), n_images, tied
+
+
+def score_selection(store: EmbeddingStore, images: EmbeddingRef, captions: EmbeddingRef, item_images: np.ndarray,
+                    n_images: int) -> tuple[dict[str, float], int, dict[str, int]]:
+    """Image-caption selection over the cache: items whose images were all encoded (an image skipped as
+    undecodable drops its items, counted in ``skipped_images``); (metrics, items scored, tie-sensitive items)."""
+    from clipcache.tasks.score.selection import selection_accuracy
+
+    image_entry, caption_entry = store.open(images.key), store.open(captions.key)
+    check_images(image_entry, n_images)
+    _expect(caption_entry.dim == image_entry.dim, caption_entry,
+            f"its embeddings have {caption_entry.dim} dimensions, the images {image_entry.dim}")
+    caption_row, caption_item = caption_entry.array("caption_row"), caption_entry.array("caption_sample")
+    n_items, per_item = item_images.shape
+    n_captions = np.bincount(caption_item, minlength=n_items)
+    _expect(len(caption_row) > 0 and (n_captions == n_captions[0]).all() and len(n_captions) == n_items, caption_entry,
+            f"its caption map does not give each of the {n_items} items the same number of captions")
+    row_of_image = np.full(n_images, -1, dtype=np.int64)
+    row_of_image[image_entry.array("position")] = np.arange(image_entry.count)
+    image_rows = row_of_image[item_images]
+    keep = (image_rows >= 0).all(axis=1)
+    image_vectors = load_rows(image_entry, torch.device("cpu"))[torch.from_numpy(image_rows[keep].reshape(-1))]
+    order = np.argsort(caption_item, kind="stable")  # captions item by item, in their order within the item
+    text_vectors = load_rows(caption_entry, torch.device("cpu"), caption_row[order])
+    text_vectors = text_vectors.view(n_items, int(n_captions[0]), -1)[torch.from_numpy(keep)]
+    metrics, tied = selection_accuracy(image_vectors.view(int(keep.sum()), per_item, -1), text_vectors)
+    return with_skipped_images(metrics, image_entry), int(keep.sum()), {"acc": tied}

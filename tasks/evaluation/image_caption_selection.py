@@ -1,0 +1,50 @@
+"""Image-caption selection (clip_benchmark's ``image_caption_selection``): for each item of SugarCrepe or
+Winoground, does each image pick its own caption and each caption its own image? Metrics and their definition in
+tasks/score/selection.py.
+
+The images entry holds each distinct image once (SugarCrepe items share COCO images) and the caption entry each
+distinct caption once (a caption repeated across items is encoded once); the item structure is the dataset's
+``item_images`` and ``captions``, so a rescore reads only the cache.
+"""
+
+from __future__ import annotations
+
+import time
+
+from clipcache.tasks.evaluation.base import Encoded, EvalTask, Prepared, Scored
+from clipcache.tasks.evaluation.common import check_language, encode_split_images, open_for
+
+
+class ImageCaptionSelection(EvalTask):
+    name = "image_caption_selection"
+    short = "selection"
+    description = "image_acc, text_acc, acc (group): each image picks its caption and each caption its image"
+    needs = ("image", "caption")
+    main_metrics = (("acc", None, "selection_acc", 1),)
+
+    def prepare(self, source, prompts, progress):
+        dataset = open_for(self.name, source, progress)
+        check_language(dataset, prompts.language)
+        return Prepared(dataset, dataset.n_items, source)
+
+    def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
+        from clipcache.tasks.encode.stage import caption_key_fields, check_cached, encode_captions
+
+        started = time.perf_counter()
+        dataset, sharded = prepared.data, sharded or {}
+        caption_fields = caption_key_fields(session, dataset.identity(memo), dataset.split, prepared.source.limit)
+        if settings.cached_only:
+            check_cached(store, [(caption_fields, f"caption embeddings of {dataset.name}")])
+        images = encode_split_images(session, dataset, store, memo, settings, progress, prepared.source.limit,
+                                     sharded.get("image"))
+        captions = sharded.get("caption") or encode_captions(session, dataset, store, caption_fields, settings,
+                                                             progress)
+        return Encoded({"image": images, "caption": captions}, seconds=time.perf_counter() - started)
+
+    def score(self, store, encoded, prepared, settings):
+        from clipcache.tasks.score.stage import score_selection
+
+        started = time.perf_counter()
+        metrics, n, tied = score_selection(store, encoded.outcomes["image"].ref, encoded.outcomes["caption"].ref,
+                                           prepared.data.item_images, len(prepared.data.sources))
+        return Scored(metrics, n, tied, time.perf_counter() - started)
