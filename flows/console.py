@@ -32,8 +32,9 @@ def print_results(console: Console, results: list, output_dir: str) -> None:
     show_ties = any(any(r.tied.values()) for r in results)
     show_language = len({r.language for r in results}) > 1 or any(r.language != "en" for r in results)
     table = Table(title="clipcache results")
+    show_variant = any(getattr(r, "variant", "") for r in results)
     columns = [("model", "left"), ("dataset", "left"), *([("lang", "left")] if show_language else []),
-               ("task", "left"), ("metric", "left"), ("value", "right"), *([("ties", "right")] if show_ties else []),
+               ("task", "left"), *([("variant", "left")] if show_variant else []), ("metric", "left"), ("value", "right"), *([("ties", "right")] if show_ties else []),
                ("n", "right"), ("cache", "left"), ("encode s", "right")]
     for column, justify in columns:
         table.add_column(column, justify=justify, no_wrap=column in ("model", "dataset", "task", "metric"))  # type: ignore[arg-type]
@@ -45,7 +46,8 @@ def print_results(console: Console, results: list, output_dir: str) -> None:
             tied = r.tied.get(name, 0)
             cells = [model if first else "", r.dataset if first else "",
                      *([r.language if first else ""] if show_language else []),
-                     short_task(r.task) if first else "", name, format_value(value) if name else "",
+                     short_task(r.task) if first else "",
+                     *([getattr(r, "variant", "") if first else ""] if show_variant else []), name, format_value(value) if name else "",
                      *([str(tied) if tied else ""] if show_ties else []),
                      str(r.n_samples) if first and r.n_samples else "", cache_state(r) if first else "",
                      f"{r.encode_seconds:.1f}" if first else ""]

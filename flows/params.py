@@ -8,7 +8,7 @@ open_clip or Prefect: a typo fails with its suggestion before any work starts.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
@@ -62,7 +62,10 @@ class EvaluateParams(BaseModel):
                                                     "(clip_benchmark's sweep); exclusive with val_proportion")
     val_proportion: float | None = Field(None, gt=0, lt=1, description="linear_probe: the share of the train split "
                                                                         "held out to choose the weight decay")
-    fewshot_k: int = Field(-1, ge=-1, description="linear_probe: training samples per class (-1: all, else >= 1)")
+    fewshot_k: list[Annotated[int, Field(ge=-1)]] = Field(
+        default_factory=lambda: [-1], min_length=1,
+        description="linear_probe: training samples per class (-1: all, else >= 1); several values give one probe "
+                    "(one experiment) each over the same cached features")
     fewshot_lr: float = Field(0.1, gt=0, description="linear_probe: learning rate (AdamW, cosine schedule)")
     fewshot_epochs: PositiveInt = Field(10, description="linear_probe: epochs")
     seed: int = Field(0, description="linear_probe: seed of the layer's initialisation, the batch order, the "
@@ -136,12 +139,17 @@ class EvaluateParams(BaseModel):
         raise ValueError(f"{value!r}: only normalised features can be probed (the cache holds L2-normalised "
                          f"embeddings, clip_benchmark's default --normalize True)")
 
+    @field_validator("fewshot_k", mode="before")
+    @classmethod
+    def _one_or_several_k(cls, value: Any) -> Any:
+        return [value] if isinstance(value, (int, str)) else value
+
     @field_validator("fewshot_k")
     @classmethod
-    def _all_or_some(cls, value: int) -> int:
-        if value == 0:
+    def _all_or_some(cls, value: list[int]) -> list[int]:
+        if 0 in value:
             raise ValueError("0 samples per class trains nothing: give -1 (all) or a number >= 1")
-        return value
+        return list(dict.fromkeys(value))
 
     @model_validator(mode="after")
     def _one_validation_source(self) -> EvaluateParams:
@@ -168,11 +176,13 @@ class EvaluateParams(BaseModel):
         return EncodeSettings(self.batch_size, self.num_workers, self.on_bad_image, cached_only, self.train_split,
                               self.val_split)
 
-    def score_settings(self, device: str) -> ScoreSettings:
-        return ScoreSettings(tuple(self.recall_k), tuple(self.retrieval_metrics), self.ties, device, self.batch_size,
-                             train_split=self.train_split, val_split=self.val_split,
-                             val_proportion=self.val_proportion, fewshot_k=self.fewshot_k,
-                             fewshot_lr=self.fewshot_lr, fewshot_epochs=self.fewshot_epochs, seed=self.seed)
+    def score_settings(self, device: str) -> list[ScoreSettings]:
+        """One ScoreSettings per variant the run asks for: several --fewshot_k values give one each (tasks that do
+        not read a setting get one experiment from them all; see EvalTask.options)."""
+        return [ScoreSettings(tuple(self.recall_k), tuple(self.retrieval_metrics), self.ties, device, self.batch_size,
+                              train_split=self.train_split, val_split=self.val_split,
+                              val_proportion=self.val_proportion, fewshot_k=k, fewshot_lr=self.fewshot_lr,
+                              fewshot_epochs=self.fewshot_epochs, seed=self.seed) for k in self.fewshot_k]
 
     def prompt_settings(self, language: str) -> PromptSettings:
         return PromptSettings(language, self.classnames, self.templates)

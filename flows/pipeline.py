@@ -26,7 +26,7 @@ from clipcache.storage.hashing import FileHashMemo
 from clipcache.storage.paths import check_location, local_dir
 from clipcache.storage.results import new_run_id, write_run_row
 from clipcache.tasks.evaluation import get_task
-from clipcache.tasks.evaluation.base import CacheMissError, EvalTask, Prepared
+from clipcache.tasks.evaluation.base import CacheMissError, EvalTask, Prepared, ScoreSettings
 from clipcache.tasks.models.spec import ModelSpec
 from clipcache.tasks.progress import StageProgress
 from clipcache.tasks.results import RunInfo, clipcache_version, existing_result, write_pair_results
@@ -53,6 +53,7 @@ class PairResult:
     files: list[str] = field(default_factory=list)
     run_id: str = ""
     experiment_id: str = ""
+    variant: str = ""  # the task settings that tell this result apart when a run asks for several (fewshot_k=5)
 
 
 @dataclass
@@ -106,17 +107,19 @@ def choose_task(params: EvaluateParams, dataset: str) -> EvalTask:
 
 
 def experiment_for(ctx: RunContext, spec: ModelSpec, session: Any, task: EvalTask, prepared: Prepared,
-                   language: str) -> Experiment:
+                   language: str, settings: ScoreSettings) -> Experiment:
     params = ctx.params
     return Experiment(
         model=spec.display_name, checkpoint=session.resolved.checkpoint, dataset=prepared.source.name,
         split=params.split, language=language, task=task.name, precision=session.precision,
         sample_limit=params.limit, prompts=prepared.prompts_sha256, default_prompts=prepared.default_prompts,
-        options=options_json(task.options(params.score_settings(str(session.device)))),
-        pretrained=session.resolved.checkpoint_label, model_dir=spec.basename)
+        options=options_json(task.options(settings)), pretrained=session.resolved.checkpoint_label,
+        model_dir=spec.basename)
 
 
-def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, language: str) -> PairResult:
+def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, language: str) -> list[PairResult]:
+    """One (model, dataset, language): prepare, encode once, then score and write each variant the run asks for
+    (several --fewshot_k values: one experiment each, over the same cache entries)."""
     params, stages = ctx.params, ctx.stages
     task = choose_task(params, dataset)
     label = f"{spec.display_name}{'@' + session.resolved.checkpoint_label if session.resolved.checkpoint_label else ''}"
@@ -124,18 +127,31 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
     source = params.source(dataset, ctx.data_dir)
     prepared = stages.run("prepare", f"prepare-{where}", task.prepare, source, params.prompt_settings(language),
                           ctx.progress)
-    experiment = experiment_for(ctx, spec, session, task, prepared, language)
-    result = PairResult(spec.display_name, dataset, task.name, experiment.pretrained, language,
-                        experiment_id=experiment.id, run_id=ctx.run.run_id)
-    if (first := ctx.seen.get(experiment.id)) is not None:
-        log.info("%s: skipped, same experiment as %s", where, first)
-        result.status = "skipped"
-        return result
-    ctx.seen[experiment.id] = where
-    if params.skip_existing and (found := existing_result(experiment, params.output_dir)) is not None:
-        log.info("%s: skipped, %s exists", where, found)
-        result.status, result.files = "skipped", [str(found)]
-        return result
+    results: list[PairResult] = []
+    todo: list[tuple[PairResult, Experiment, ScoreSettings, str]] = []
+    variants: dict[str, tuple[Experiment, ScoreSettings]] = {}
+    for settings in params.score_settings(str(session.device)):  # a task that ignores a setting: one experiment
+        experiment = experiment_for(ctx, spec, session, task, prepared, language, settings)
+        variants.setdefault(experiment.id, (experiment, settings))
+    swept = [k for k in task.option_defaults if len({getattr(s, k) for _, s in variants.values()}) > 1]
+    for experiment, settings in variants.values():
+        variant = ",".join(f"{k}={getattr(settings, k)}" for k in swept)
+        name = where + (f"-{variant}" if variant else "")
+        result = PairResult(spec.display_name, dataset, task.name, experiment.pretrained, language,
+                            experiment_id=experiment.id, run_id=ctx.run.run_id, variant=variant)
+        results.append(result)
+        if (first := ctx.seen.get(experiment.id)) is not None:
+            log.info("%s: skipped, same experiment as %s", name, first)
+            result.status = "skipped"
+            continue
+        ctx.seen[experiment.id] = name
+        if params.skip_existing and (found := existing_result(experiment, params.output_dir)) is not None:
+            log.info("%s: skipped, %s exists", name, found)
+            result.status, result.files = "skipped", [str(found)]
+            continue
+        todo.append((result, experiment, settings, name))
+    if not todo:
+        return results
     loads_before = session.loads
     sharded: dict[str, Any] = {}
     started = time.perf_counter()
@@ -146,20 +162,23 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
                              params.encode_settings(ctx.cached_only), ctx.progress, sharded=sharded)
     except CacheMissError as e:
         raise ClipcacheError(f"{e}. Fill it with:\n  {eval_command(params, spec, dataset, language)}") from e
-    result.encode_seconds = time.perf_counter() - started
-    with ctx.progress.status(f"scoring {dataset} on {session.device}"):
-        scored = stages.run("score", f"score-{where}", task.score, ctx.store, encoded, prepared,
-                            params.score_settings(str(session.device)))
-    files = stages.run("write-results", f"write-{where}", write_pair_results, ctx.run, spec, experiment,
-                       model_fingerprint=session.resolved.fingerprint, metrics=scored.metrics, tied=scored.tied,
-                       n_samples=scored.n_samples, cache_keys=encoded.cache_keys, output_dir=params.output_dir,
-                       output_template=params.output)
-    result.metrics, result.tied, result.n_samples = scored.metrics, scored.tied, scored.n_samples
-    result.cache_hit, result.resumed = encoded.cache_hit, encoded.resumed
-    result.model_loaded = session.loads > loads_before or bool(sharded)  # sharded: the workers loaded it
-    result.score_seconds, result.files = scored.seconds, [str(f) for f in files]
-    log.info("%s: %s", where, ", ".join(f"{k}={v:.4f}" for k, v in scored.metrics.items()))
-    return result
+    encode_seconds = time.perf_counter() - started
+    scores = []  # every variant is scored before any is written: a bad one (fewshot_k too large) writes nothing
+    for _, _, settings, name in todo:
+        with ctx.progress.status(f"scoring {dataset} on {session.device}"):
+            scores.append(stages.run("score", f"score-{name}", task.score, ctx.store, encoded, prepared, settings))
+    for (result, experiment, _, name), scored in zip(todo, scores, strict=True):
+        files = stages.run("write-results", f"write-{name}", write_pair_results, ctx.run, spec, experiment,
+                           model_fingerprint=session.resolved.fingerprint, metrics=scored.metrics, tied=scored.tied,
+                           n_samples=scored.n_samples, cache_keys=encoded.cache_keys, output_dir=params.output_dir,
+                           output_template=params.output)
+        result.metrics, result.tied, result.n_samples = scored.metrics, scored.tied, scored.n_samples
+        result.cache_hit, result.resumed = encoded.cache_hit, encoded.resumed
+        result.model_loaded = session.loads > loads_before or bool(sharded)  # sharded: the workers loaded it
+        result.encode_seconds = encode_seconds
+        result.score_seconds, result.files = scored.seconds, [str(f) for f in files]
+        log.info("%s: %s", name, ", ".join(f"{k}={v:.4f}" for k, v in scored.metrics.items()))
+    return results
 
 
 def run_evaluation(params: EvaluateParams, stages: Stages, cached_only: bool) -> RunOutcome:
@@ -188,7 +207,7 @@ def run_evaluation(params: EvaluateParams, stages: Stages, cached_only: bool) ->
                 device = str(session.device)
                 for dataset in params.datasets:
                     for language in params.language:
-                        results.append(evaluate_pair(ctx, spec, session, dataset, language))
+                        results.extend(evaluate_pair(ctx, spec, session, dataset, language))
         status = "completed"
     finally:
         write_run_row(params.output_dir, {

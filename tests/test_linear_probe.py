@@ -115,6 +115,35 @@ def test_the_probe_reads_zero_shot_entries_and_other_settings_encode_nothing(pro
     assert json.loads(capsys.readouterr().out) == [{"n": 3}]  # only the default probe is on the leaderboard
 
 
+def test_several_fewshot_k_in_one_run_share_one_encode(probe_data, tmp_path, capsys):
+    base = ["--model", "tiny-shapes-clip", "--dataset", "wds/probe", "--dataset_root", str(probe_data),
+            "--task", "linear_probe", "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"),
+            "--quiet"]
+    assert main(["eval", *base, "--fewshot_k", "2", "4", "-1"]) == 0
+    out = capsys.readouterr().out
+    assert "variant" in out and "fewshot_k=2" in out and "fewshot_k=-1" in out
+    store = EmbeddingStore(tmp_path / "cache")
+    assert sorted(store.open(k).attrs["key_fields"]["split"] for k in store.keys()) == ["test", "train"]
+    rows = pq.read_table(tmp_path / "out" / "warehouse" / "metrics").to_pylist()
+    by_k = {json.loads(r["task_options"]).get("fewshot_k", -1): r["experiment_id"] for r in rows}
+    assert len(by_k) == 3 and len(set(by_k.values())) == 3  # one experiment per k
+    run_ids = {r["run_id"] for r in rows}
+    assert len(run_ids) == 1  # ... all in one run
+    # each k alone gives the same numbers (from the cache: nothing is encoded)
+    single = {}
+    for k in (2, 4):
+        assert main(["rescore", *base, "--fewshot_k", str(k), "--output_dir", str(tmp_path / f"out{k}")]) == 0
+        single[k] = {(r["metric"], r["k"]): r["value"]
+                     for r in pq.read_table(tmp_path / f"out{k}" / "warehouse" / "metrics").to_pylist()}
+    for k in (2, 4):
+        assert {(r["metric"], r["k"]): r["value"] for r in rows if r["experiment_id"] == by_k[k]} == single[k]
+    # one bad k of several: one line, and no probe of the run is written
+    code = main(["eval", *base, "--fewshot_k", "2", "500", "--output_dir", str(tmp_path / "bad")])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and len(err.splitlines()) == 1 and "fewshot_k: 500 samples per class" in err, err
+    assert not (tmp_path / "bad" / "warehouse" / "metrics").exists()
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--train_split", "nope"], "nope/nshards.txt is missing (available splits: test, train, val)"),
     (["--fewshot_k", "500"], "fewshot_k: 500 samples per class"),
