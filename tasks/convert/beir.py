@@ -86,7 +86,6 @@ def read_beir(folder: Path, split: str) -> tuple[dict[str, str], dict[str, str],
             raise DatasetError(f"BEIR folder {folder}: {path.relative_to(folder)} is missing ({what}; or qrels.jsonl)")
     corpus: dict[str, str] = {}
     queries: dict[str, str] = {}
-    qrels: dict[str, dict[str, int]] = {}
     for kind, target in (("corpus", corpus), ("queries", queries)):
         for n, line in enumerate(paths[kind].read_text(encoding="utf-8").splitlines(), start=1):
             if not line.strip():
@@ -97,15 +96,24 @@ def read_beir(folder: Path, split: str) -> tuple[dict[str, str], dict[str, str],
                 target[str(row["_id"])] = text
             except (ValueError, KeyError, TypeError) as e:
                 raise DatasetError(f"{paths[kind]} line {n}: expected {{\"_id\", \"text\"}} ({e})") from e
-    if paths["qrels"].suffix == ".jsonl":
-        return corpus, queries, _jsonl_qrels(paths["qrels"])
-    lines = paths["qrels"].read_text(encoding="utf-8").splitlines()
+    return corpus, queries, read_qrels(paths["qrels"])
+
+
+def read_qrels(path: Path) -> dict[str, dict[str, int]]:
+    """BEIR's ``qrels/<split>.tsv`` (a header, then query-id, corpus-id, score) or evalscope's ``qrels.jsonl``."""
+    if path.suffix == ".jsonl":
+        return _jsonl_qrels(path)
+    qrels: dict[str, dict[str, int]] = {}
+    lines = path.read_text(encoding="utf-8").splitlines()
     for n, line in enumerate(lines[1:], start=2):
         parts = line.split("\t")
         if len(parts) != 3:
-            raise DatasetError(f"{paths['qrels']} line {n}: expected query-id<TAB>corpus-id<TAB>score")
-        qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
-    return corpus, queries, qrels
+            raise DatasetError(f"{path} line {n}: expected query-id<TAB>corpus-id<TAB>score")
+        try:
+            qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
+        except ValueError:
+            raise DatasetError(f"{path} line {n}: the score {parts[2]!r} is not an integer") from None
+    return qrels
 
 
 def _jsonl_qrels(path: Path) -> dict[str, dict[str, int]]:

@@ -30,6 +30,7 @@ TASKS.register("zeroshot_retrieval", "clipcache.tasks.evaluation.zeroshot_retrie
 TASKS.register("text_retrieval", "clipcache.tasks.evaluation.text_retrieval:TextRetrieval")
 TASKS.register("linear_probe", "clipcache.tasks.evaluation.linear_probe:LinearProbe")
 TASKS.register("image_clustering", "clipcache.tasks.evaluation.image_clustering:ImageClustering")
+TASKS.register("any2any_retrieval", "clipcache.tasks.evaluation.any2any_retrieval:Any2AnyRetrieval")
 TASKS.register("image_caption_selection",
                "clipcache.tasks.evaluation.image_caption_selection:ImageCaptionSelection")
 
