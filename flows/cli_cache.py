@@ -23,6 +23,7 @@ def add_cache_parser(sub: argparse._SubParsersAction) -> None:
     actions = cache.add_subparsers(dest="action", required=True)
     ls = actions.add_parser("ls", help="list entries (model, dataset, split, kind, rows, dim, size, dates)")
     ls.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    ls.add_argument("--task", help="only the entries this task reads (e.g. linear_probe)")
     info = actions.add_parser("info", help="everything stored about one entry (a unique key prefix is enough)")
     info.add_argument("key")
     verify = actions.add_parser("verify", help="check stored keys and chunk checksums; exit 1 if anything is damaged")
@@ -54,20 +55,29 @@ def run_cache_command(args: argparse.Namespace) -> int:
 
 
 def _ls(store, args, out: Console) -> int:
-    from clipcache.storage.cache_admin import list_entries
+    from dataclasses import replace
 
-    infos = list_entries(store)
+    from clipcache.flows.console import short_task
+    from clipcache.storage.cache_admin import list_entries
+    from clipcache.tasks.evaluation import TASKS, tasks_served
+
+    if args.task is not None:
+        TASKS.get(args.task)  # an unknown name: one line with "did you mean"
+    infos = [replace(i, tasks=tuple(tasks_served(i.role, i.dataset_format, i.arrays)) if i.complete else ())
+             for i in list_entries(store)]
+    if args.task is not None:
+        infos = [i for i in infos if args.task in i.tasks]
     if args.json:
         for info in infos:
             print(json.dumps(info.as_dict()))  # JSON lines, for jq / scripts
         return 0
     table = Table(title=f"{store.root}: {len(infos)} entries, {human_bytes(sum(i.bytes for i in infos))}")
-    for column in ("key", "kind", "model", "dataset", "split", "rows", "dim", "dtype", "size", "created",
+    for column in ("key", "kind", "model", "dataset", "split", "serves", "rows", "dim", "dtype", "size", "created",
                    "last used"):
         table.add_column(column, justify="right" if column in ("rows", "dim", "size") else "left")
     for i in infos:
-        table.add_row(i.key[:12], i.kind, i.model, i.dataset, i.split, f"{i.count:,}", str(i.dim or ""), i.dtype,
-                      human_bytes(i.bytes), i.created, i.last_used)
+        table.add_row(i.key[:12], i.kind, i.model, i.dataset, i.split, ", ".join(short_task(t) for t in i.tasks),
+                      f"{i.count:,}", str(i.dim or ""), i.dtype, human_bytes(i.bytes), i.created, i.last_used)
     out.print(table)
     return 0
 

@@ -33,6 +33,10 @@ class EntryInfo:
     created: str
     last_used: str
     complete: bool = True
+    role: str = "-"  # image, caption, prompt, corpus, query, corpus_image ... (its key fields' role)
+    dataset_format: str = ""  # the dataset identity's format (wds, selection:..., any2any, beir...)
+    arrays: tuple[str, ...] = ()  # arrays beside the embeddings (target, position, caption_row...)
+    tasks: tuple[str, ...] = ()  # filled by the caller that knows the tasks (flows/cli_cache.py)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -46,11 +50,15 @@ def describe(store: EmbeddingStore, key: str) -> EntryInfo:
     path = store.entry_path(key)
     attrs = json.loads((path / "zarr.json").read_text()).get("attributes", {})
     meta = attrs.get("meta", {})
+    fields = attrs.get("key_fields", {})
+    dataset = fields.get("dataset")
     last = store.last_used(key)
     return EntryInfo(key=key, kind=attrs.get("kind", "?"), model=meta.get("model", "?"),
                      dataset=meta.get("dataset", "-"), split=meta.get("split", "-"), count=int(attrs.get("count", 0)),
                      dim=int(attrs.get("dim", 0)), dtype=attrs.get("dtype", "?"), bytes=folder_bytes(path),
-                     created=attrs.get("created_at", "?"), last_used=_iso(last))
+                     created=attrs.get("created_at", "?"), last_used=_iso(last), role=str(fields.get("role", "-")),
+                     dataset_format=str(dataset.get("format", "")) if isinstance(dataset, dict) else "",
+                     arrays=tuple(sorted(p.name for p in path.iterdir() if (p / "zarr.json").is_file())))
 
 
 def describe_partial(store: EmbeddingStore, key: str) -> EntryInfo:

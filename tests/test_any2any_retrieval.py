@@ -144,3 +144,7 @@ def test_cli_runs_it(prefect_server, tmp_path, capsys):
                  str(tmp_path / "cache")]) == 0
     saved = json.loads((tmp_path / "out" / "tiny-shapes-clip" / "mine_any2any_retrieval.json").read_text())
     assert saved["task"] == "any2any_retrieval" and 0 < saved["metrics"]["ndcg@10"] <= 1
+    capsys.readouterr()
+    assert main(["cache", "--cache_dir", str(tmp_path / "cache"), "ls", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert len(rows) == 4 and all(r["tasks"] == ["any2any_retrieval"] for r in rows)

@@ -219,6 +219,17 @@ def test_cache_ls_info_gc(prefect_server, tmp_path, capsys):
     assert kinds == ["caption", "image", "image", "prompt"]
     assert all(r["model"] == "tiny-shapes-clip" and r["bytes"] > 0 and r["dim"] == 64 for r in rows)
     image = next(r for r in rows if r["dataset"] == "shapes" and r["kind"] == "image")
+    # which tasks read which entry: each task declares the roles and the kinds of data it reads
+    served = {(r["dataset"], r["kind"]): r["tasks"] for r in rows}
+    assert served[("shapes", "image")] == ["image_clustering", "linear_probe", "zeroshot_classification"]
+    assert served[("shapes_retrieval", "image")] == served[("shapes_retrieval", "caption")] == ["zeroshot_retrieval"]
+    assert [r["tasks"] for r in rows if r["kind"] == "prompt"] == [["zeroshot_classification"]]
+    assert main(["cache", "--cache_dir", root, "ls", "--json", "--task", "linear_probe"]) == 0
+    assert [json.loads(line)["key"] for line in capsys.readouterr().out.strip().splitlines()] == [image["key"]]
+    assert main(["cache", "--cache_dir", root, "ls"]) == 0
+    assert "serves" in capsys.readouterr().out
+    assert main(["cache", "--cache_dir", root, "ls", "--task", "linear_prob"]) == 2
+    assert "Did you mean" in capsys.readouterr().err
     assert main(["cache", "--cache_dir", root, "info", image["key"][:10]]) == 0
     assert '"count": 20' in capsys.readouterr().out
     assert main(["cache", "--cache_dir", root, "gc", "--pattern", "shapes_retrieval", "--dry_run"]) == 0

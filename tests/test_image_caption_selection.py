@@ -193,6 +193,11 @@ def test_cli_runs_the_task_and_rescore_encodes_nothing(prefect_server, tmp_path,
     saved = json.loads((tmp_path / "out" / "tiny-shapes-clip" /
                         "sugar_crepe_replace_att_image_caption_selection.json").read_text())
     assert saved["task"] == "image_caption_selection" and set(saved["metrics"]) >= {"acc", "image_acc", "text_acc"}
+    capsys.readouterr()
+    assert main(["cache", "--cache_dir", str(tmp_path / "cache"), "ls", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert sorted(r["kind"] for r in rows) == ["caption", "image"]
+    assert all(r["tasks"] == ["image_caption_selection"] for r in rows)
     assert main(["rescore", *args]) == 0
     np.testing.assert_equal(json.loads((tmp_path / "out" / "tiny-shapes-clip" /
                                         "sugar_crepe_replace_att_image_caption_selection.json").read_text())["metrics"],

@@ -41,6 +41,15 @@ def get_task(name: str) -> EvalTask:
     return task() if isinstance(task, type) else task
 
 
+def tasks_served(role: str, dataset_format: str, arrays: tuple[str, ...]) -> list[str]:
+    """The registered tasks that read a cache entry with this role, dataset format and arrays (``cache ls``)."""
+    from clipcache.tasks.evaluation.base import data_kind
+
+    role = "prompt" if role == "prompt-batch" else role  # class prompts live in the model's pool, batch by batch
+    kind = data_kind(role, dataset_format, arrays)
+    return [name for name in TASKS.names() if get_task(name).serves(role, kind)]
+
+
 def dbt_vars() -> dict[str, Any]:
     """What the dbt project needs to know about the tasks: their names and their main metrics."""
     tasks = [(name, get_task(name)) for name in TASKS.names()]

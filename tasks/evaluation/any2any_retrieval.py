@@ -147,7 +147,8 @@ class Any2AnyRetrieval(EvalTask):
     name = "any2any_retrieval"
     short = "any2any"
     description = "images and texts as queries and documents (MIEB Any2Any): ndcg, map, recall, precision, mrr @k"
-    needs = ("corpus", "query")  # images and texts of each side (never sharded: corpora are user-sized)
+    needs = ("corpus_image", "corpus_text", "query_image", "query_text")  # never sharded: user-sized corpora
+    reads = ("any2any",)
     main_metrics = (("ndcg", 10, "ndcg@10", 1),)
 
     def prepare(self, source, prompts, progress):

@@ -129,16 +129,36 @@ class Scored:
     seconds: float = 0.0
 
 
+def data_kind(role: str, dataset_format: str, arrays: tuple[str, ...]) -> str:
+    """The kind of data a cache entry was encoded from, from what the entry records: its role, its dataset's
+    format, and its arrays (a classification dataset's image entries carry ``target``)."""
+    if role == "prompt":
+        return "classification"
+    if role in ("corpus", "query"):
+        return "text"
+    if role.startswith(("corpus_", "query_")):
+        return "any2any"
+    if dataset_format.startswith("selection"):
+        return "selection"
+    return "classification" if "target" in arrays else "retrieval"
+
+
 class EvalTask(ABC):
     name: ClassVar[str]
     short: ClassVar[str]  # the console's name for it
     description: ClassVar[str]
     needs: ClassVar[tuple[str, ...]]  # cache roles it reads: image, caption, prompt, corpus, query
+    # the kinds of data its entries come from: classification, retrieval, selection, text, any2any (see data_kind)
+    reads: ClassVar[tuple[str, ...]] = ()
     uses_prompts: ClassVar[bool] = False
     option_defaults: ClassVar[dict[str, Any]] = {}
     # The leaderboard's headline number: (metric, k, label, priority); the rows of the lowest priority present are
     # averaged (e.g. retrieval: image and text recall@5).
     main_metrics: ClassVar[tuple[tuple[str, int | None, str, int], ...]] = ()
+
+    def serves(self, role: str, kind: str) -> bool:
+        """Whether an entry of ``role`` encoded from data of ``kind`` is one this task reads."""
+        return role in self.needs and kind in self.reads
 
     def options(self, settings: ScoreSettings) -> dict[str, Any]:
         """The settings that change this task's numbers and differ from their defaults (part of the experiment)."""

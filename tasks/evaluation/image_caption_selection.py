@@ -20,6 +20,7 @@ class ImageCaptionSelection(EvalTask):
     short = "selection"
     description = "image_acc, text_acc, acc (group): each image picks its caption and each caption its image"
     needs = ("image", "caption")
+    reads = ("selection",)
     main_metrics = (("acc", None, "selection_acc", 1),)
 
     def prepare(self, source, prompts, progress):

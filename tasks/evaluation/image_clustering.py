@@ -24,6 +24,7 @@ class ImageClustering(EvalTask):
     short = "clustering"
     description = "image_clustering_nmi, image_clustering_ari of k-means over cached image embeddings"
     needs = ("image",)
+    reads = ("classification",)
     option_defaults = {"seed": 0}
     main_metrics = (("image_clustering_nmi", None, "image_clustering_nmi", 1),)
 

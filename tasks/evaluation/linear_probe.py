@@ -20,6 +20,7 @@ class LinearProbe(EvalTask):
     short = "linear probe"
     description = "lp_acc1, lp_acc5, lp_mean_per_class_recall of a linear layer trained on cached train features"
     needs = ("image",)
+    reads = ("classification",)
     option_defaults = {"train_split": "train", "val_split": None, "val_proportion": None, "fewshot_k": -1,
                        "fewshot_lr": 0.1, "fewshot_epochs": 10, "seed": 0, "batch_size": 64}  # batches shape training
     main_metrics = (("lp_acc", 1, "lp_acc1", 1),)

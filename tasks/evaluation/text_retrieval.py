@@ -68,6 +68,7 @@ class TextRetrieval(EvalTask):
     short = "text retrieval"
     description = "BEIR folder + text model: ndcg, map, recall, precision, mrr @k (beir's EvaluateRetrieval)"
     needs = ("corpus", "query")
+    reads = ("text",)
     main_metrics = (("ndcg", 10, "ndcg@10", 1),)
 
     def prepare(self, source, prompts, progress):

@@ -14,6 +14,7 @@ class ZeroShotClassification(EvalTask):
     short = "classification"
     description = "acc1, acc5, mean_per_class_recall (mean_average_precision for multilabel datasets)"
     needs = ("image", "prompt")
+    reads = ("classification",)
     uses_prompts = True
     main_metrics = (("acc", 1, "acc1", 1), ("mean_average_precision", None, "mean_average_precision", 2))
 

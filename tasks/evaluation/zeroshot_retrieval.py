@@ -13,6 +13,7 @@ class ZeroShotRetrieval(EvalTask):
     short = "retrieval"
     description = "image_retrieval_recall@k (text->image), text_retrieval_recall@k (image->text); mrr, ndcg, ranks"
     needs = ("image", "caption")
+    reads = ("retrieval",)
     option_defaults = {"ties": "topk"}
     main_metrics = (("image_retrieval_recall", 5, "mean_retrieval_recall@5", 1),
                     ("text_retrieval_recall", 5, "mean_retrieval_recall@5", 1))
