@@ -13,7 +13,7 @@ import sys
 import types
 import typing
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 # Flags named differently from their parameter (clip_benchmark's names), and parameters the CLI sets otherwise.
 FLAG_NAMES = {"datasets": "dataset"}
@@ -200,9 +200,25 @@ def out() -> Any:
     return Console(width=None if sys.stdout.isatty() else 160)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (with the closest choice for a mistyped one), not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        import difflib
+        import re
+
+        if m := re.match(r"argument (?P<flag>\S+): invalid choice: '(?P<given>[^']*)' \(choose from (?P<choices>.*)\)$",
+                         message):
+            choices = re.findall(r"'([^']*)'", m["choices"])
+            close = difflib.get_close_matches(m["given"], choices, n=1, cutoff=0.6)
+            message = (f"{m['flag']}: {m['given']!r} is not one of {', '.join(choices)}" +
+                       (f". Did you mean {close[0]}?" if close else ""))
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser; with ``command``, only that command's flags are built in full (start-up time)."""
-    parser = argparse.ArgumentParser(prog="clipcache", allow_abbrev=False,
+    parser = OneLineParser(prog="clipcache", allow_abbrev=False,
                                      description="Evaluate CLIP-style models from an embedding cache.")
     parser.add_argument("-v", "--verbose", action="store_true", help="show Prefect and library logs")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -150,7 +150,11 @@ def test_unknown_model_and_flag_values(capsys, dirs):
     with pytest.raises(SystemExit) as exit_:
         main(["eval", "--model", "m", "--dataset", "shapes", "--task", "classify"])
     assert exit_.value.code == 2
-    assert "invalid choice: 'classify'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--task: 'classify' is not one of auto," in err and len(err.strip().splitlines()) == 1  # no usage dump
+    with pytest.raises(SystemExit):
+        main(["eval", "--model", "m", "--dataset", "shapes", "--task", "zeroshot_clasification"])
+    assert "Did you mean zeroshot_classification?" in capsys.readouterr().err
 
 
 def test_missing_split_and_nshards(prefect_server, capsys, dirs, wds_classification):

@@ -90,8 +90,8 @@ def run_python(code: str, env: dict) -> subprocess.CompletedProcess:
 @pytest.mark.full  # subprocesses
 @pytest.mark.parametrize("argv, expected", [
     (["eval", "--model", "tiny-shapes-clip", "--dataset", "shapse"], "Did you mean"),
-    (["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--task", "retreival"], "invalid choice"),
-    (["rescore", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--ties", "random"], "invalid choice"),
+    (["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--task", "retreival"], "is not one of"),
+    (["rescore", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--ties", "random"], "is not one of topk, stable"),
 ])
 def test_a_bad_name_fails_before_torch_or_prefect_is_imported(argv, expected, tmp_path):
     code = ("import sys\nfrom clipcache.flows.cli import main\ntry:\n    code = main(" + repr(argv) + ")\n"
