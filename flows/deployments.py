@@ -25,7 +25,7 @@ from clipcache.flows.evalscope import load_task_config, to_evaluate_params
 from clipcache.flows.evaluate import run_pairs
 from clipcache.flows.params import EvaluateParams, validate
 from clipcache.flows.pipeline import PairResult
-from clipcache.storage.errors import ConfigError
+from clipcache.storage.errors import ConfigError, parse_problem
 
 DEFAULT_PREFECT_FILE = "prefect.yaml"
 
@@ -61,8 +61,10 @@ def read_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE) -> list[di
         raise ConfigError(f"{path} not found: run from the project folder or pass --prefect_file")
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {e.start + 1}); save it as UTF-8") from e
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {e}") from e
+        raise ConfigError(f"{path} is not valid YAML: {parse_problem(e)}") from e
     deployments = doc.get("deployments")
     if not isinstance(deployments, list) or not deployments:
         raise ConfigError(f"{path}: no deployments declared")

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 from clipcache.flows.convert_params import CaptionModelSpec, ConvertParams
 from clipcache.flows.evalscope_common import WorkDir, tool_name
 from clipcache.flows.params import EvaluateParams, RetrievalMetric, known_task, validate
-from clipcache.storage.errors import ConfigError
+from clipcache.storage.errors import ConfigError, parse_problem
 
 
 class EvalscopeModel(BaseModel):
@@ -114,11 +114,13 @@ def load_task_config(source: dict[str, Any] | str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"task config file {path} not found")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"task config {path} is not UTF-8 text (byte {e.start + 1}); save it as UTF-8") from e
     except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"task config {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") \
-            from e
+        raise ConfigError(f"task config {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                          f"{parse_problem(e)}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"task config {path} must hold a mapping at the top level")
     return data

@@ -37,3 +37,14 @@ class ResultsError(ClipcacheError):
 
 class VLMRequestError(ClipcacheError):
     """A request to a multimodal LLM failed (fatal status, or transient errors after every retry)."""
+
+
+def parse_problem(error: Exception) -> str:
+    """Where and what, in one line, for a JSON or YAML parse error: ``line 2, column 7: expected ',' or ']'``
+    (PyYAML's own message spans several lines with the offending text and a caret)."""
+    mark = getattr(error, "problem_mark", None)
+    if mark is not None:  # yaml.MarkedYAMLError
+        return f"line {mark.line + 1}, column {mark.column + 1}: {getattr(error, 'problem', None) or 'cannot parse'}"
+    if hasattr(error, "lineno") and hasattr(error, "msg"):  # json.JSONDecodeError
+        return f"line {error.lineno}, column {getattr(error, 'colno', 0)}: {error.msg}"
+    return " ".join(str(error).split())

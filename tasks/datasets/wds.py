@@ -41,7 +41,10 @@ def split_key(member_name: str) -> tuple[str, str]:
 
 
 def read_lines(path: Path) -> list[str]:
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    try:
+        return [line.strip() for line in path.read_text(encoding="utf-8-sig").splitlines()]
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not UTF-8 text (byte {e.start + 1}); save the file as UTF-8") from e
 
 
 @dataclass
@@ -179,7 +182,7 @@ def _index_shard(ds: WebDataset, shard_id: int, shard: Path, label_ext: str, lab
         sample = samples[key]
         missing = [what for what in ("image", "label") if what not in sample]
         if missing:
-            wanted = f"a .{label_ext} member" if "label" in missing else "an image member (.webp/.png/.jpg/.jpeg)"
+            wanted = f".{label_ext} member" if "label" in missing else "image member (.webp/.png/.jpg/.jpeg)"
             raise DatasetError(f"shard {shard}: sample {key!r} has no {wanted}")
         ds.members.append(sample["image"])
         raw = sample["label"]
@@ -208,7 +211,12 @@ def _read_prompts(root: Path, name: str) -> ClassPrompts:
     bad = [t for t in templates if "{c}" not in t]
     if bad:
         raise DatasetError(f"{templates_path}: template {bad[0]!r} has no {{c}} placeholder")
-    return ClassPrompts(read_lines(classnames_path), templates, "en", os.fspath(root))
+    classnames = read_lines(classnames_path)
+    if not any(classnames):
+        raise DatasetError(f"{classnames_path}: no class names (one per line)")
+    if not templates:
+        raise DatasetError(f"{templates_path}: no templates (one per line, each with {{c}})")
+    return ClassPrompts(classnames, templates, "en", os.fspath(root))
 
 
 def _check_labels(ds: WebDataset, name: str) -> None:
