@@ -141,6 +141,18 @@ def test_winoground_local_copy_equals_clip_benchmark(tmp_path, tiny_model_dir):
     theirs = clip_benchmark_selection(tiny_model_dir, "winoground", root)
     scored = clipcache_selection(tmp_path, "winoground", root)
     assert {k: scored.metrics[k] for k in theirs} == theirs and scored.n_samples == 16
+    # the repository's Parquet files (a `hf download` snapshot) read the same items
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    [arrow] = (root / "facebook___winoground").rglob("*.arrow")
+    with pa.memory_map(str(arrow)) as source:
+        table = pa.ipc.open_stream(source).read_all()
+    (tmp_path / "snapshot" / "data").mkdir(parents=True)
+    pq.write_table(table, tmp_path / "snapshot" / "data" / "test-00000-of-00001.parquet")
+    cached, snapshot = (open_dataset("winoground", str(r), "test", None) for r in (root, tmp_path / "snapshot"))
+    assert snapshot.captions == cached.captions and len(snapshot) == len(cached) == 32
+    assert all(snapshot.read_image_bytes(i) == cached.read_image_bytes(i) for i in range(len(cached)))
 
 
 def test_limit_takes_the_first_items(tmp_path):
