@@ -19,6 +19,7 @@ from typing import Any
 
 from clipcache.flows.params import EvaluateParams
 from clipcache.flows.stages import Stages
+from clipcache.storage import faults
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import ClipcacheError
 from clipcache.storage.experiment import Experiment, options_json
@@ -178,6 +179,7 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
         result.encode_seconds = encode_seconds
         result.score_seconds, result.files = scored.seconds, [str(f) for f in files]
         log.info("%s: %s", name, ", ".join(f"{k}={v:.4f}" for k, v in scored.metrics.items()))
+        faults.point("pair-done")
     return results
 
 

@@ -149,17 +149,36 @@ def stop() -> ServerInfo | None:
     return info
 
 
+def _drain_prefect_clients(timeout: float = 15.0) -> None:
+    """Deliver the run logs and events Prefect still queues for this server before it stops. Otherwise its workers
+    try again at interpreter exit against a server that is gone: "Error logging to API" on stderr, and a process that
+    can wait there for minutes before it exits."""
+    if "prefect" not in sys.modules:
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        with contextlib.suppress(Exception):
+            service.drain_all(timeout=timeout)
+
+
 @contextlib.contextmanager
 def private_server() -> Iterator[str]:
     """A server for this process only: yields its API URL; stopped on exit, killed by the kernel if we die."""
     port = _free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     log = prefect_home() / f"clipcache-private-{os.getpid()}.log"
+    for stale in log.parent.glob("clipcache-private-*.log"):  # left by CLIs that were killed
+        pid = stale.stem.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            stale.unlink(missing_ok=True)
     process = _spawn(port, log, private=True)
     try:
         _wait_healthy(process, api_url, log)
         yield api_url
     finally:
+        _drain_prefect_clients()
         process.terminate()
         try:
             process.wait(timeout=15)

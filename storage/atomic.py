@@ -1,23 +1,70 @@
-"""Write files so that readers see either the old state or the complete new one, never a partial file."""
+"""Write files so that readers see either the old state or the complete new one, never a partial file.
+
+Temporary files and staging folders are named ``.<name>.<host>.<pid>.<random>.tmp`` beside their target. A writer
+killed between writing and renaming leaves one behind; the next write into that folder removes those whose writer
+(same host, that pid) is no longer alive, so a killed run leaves nothing once its re-run has written.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import secrets
+import shutil
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from clipcache.storage import faults
 from clipcache.storage.paths import is_remote, write_via_temp
+
+_HOST = socket.gethostname().replace(".", "-") or "host"
+
+
+def _temp_name(path: Path) -> str:
+    return f".{path.name}.{_HOST}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(folder: Path) -> int:
+    """Remove the temporary files and staging folders in ``folder`` left by writers of this host that are gone."""
+    removed = 0
+    try:
+        candidates = [p for p in Path(folder).iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
+    except OSError:
+        return 0
+    for candidate in candidates:
+        parts = candidate.name.rsplit(".", 4)  # [".<name>", host, pid, random, "tmp"]
+        if len(parts) != 5 or parts[1] != _HOST or not parts[2].isdigit() or _alive(int(parts[2])):
+            continue
+        try:
+            if candidate.is_dir() and not candidate.is_symlink():
+                shutil.rmtree(candidate)
+            else:
+                candidate.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass  # another writer swept it first
+    return removed
 
 
 def _create_temp(path: Path) -> Path:
     """An empty, new temporary file beside ``path``, created with mode 0o666 so that the kernel applies the umask in
     force now (mkstemp's 0o600 would publish files that only their owner can read; a umask read once at import would
     miss a later change)."""
+    sweep_stale(path.parent)
     while True:
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        tmp = path.parent / _temp_name(path)
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             return tmp
@@ -29,8 +76,9 @@ def staging_dir(path: Path) -> Path:
     """A new, empty folder beside ``path`` to fill and then rename over it. Created with mode 0o777 for the same
     reason as the files above: mkdtemp's 0o700 would publish a folder that only its owner can enter."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale(path.parent)
     while True:
-        staging = path.parent / f".{path.name}.{secrets.token_hex(6)}"
+        staging = path.parent / _temp_name(path)
         try:
             os.mkdir(staging, 0o777)
             return staging
@@ -50,6 +98,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     tmp = _create_temp(path)
     try:
         write(tmp)
+        faults.point("atomic-write")
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from clipcache.storage import faults
 from clipcache.storage.atomic import atomic_write_json
 from clipcache.storage.cache_entry import seal_attrs
 from clipcache.storage.cache_keys import (
@@ -174,9 +175,11 @@ class EntryWriter:
                 whole = len(block) // self.chunk_rows * self.chunk_rows
                 self.seals[name] += block_digests(block[:whole], self.chunk_rows)
                 self._tail[name] = block[whole:]
+            faults.point("encode-rows")
             self.rows_committed = stop
             self.start_position = int(merged["position"][n_write - 1]) + 1
             self._write_progress()
+            faults.point("encode-commit")
             self._last_commit = time.monotonic()
         self._pending = {name: [values[n_write:]] for name, values in merged.items()} if n_write < n else {}
 
@@ -231,6 +234,7 @@ def publish_entry(store: Any, key_fields: dict[str, Any], kind: str, *, rows: in
         "meta": meta or {},
     }))
     final = store.entry_path(key)
+    faults.point("publish")
     if not store.in_place:
         if final.exists():  # an entry whose metadata was lost (not complete, see has()): what replaces it is whole
             rmtree(final)

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from clipcache.storage import faults
 from clipcache.storage.hashing import digest
 
 
@@ -46,6 +47,7 @@ class CaptionCache:
 
     def put(self, image_sha256: str, caption: str) -> None:
         line = json.dumps({"image": image_sha256, "caption": caption}, ensure_ascii=False) + "\n"
+        faults.point("caption")
         with self._lock, open(self.path, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()
