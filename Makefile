@@ -11,7 +11,7 @@ export DO_NOT_TRACK := 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv demo test test-fast lint clean
+.PHONY: venv demo test test-fast test-faults lint clean
 
 venv: $(STAMP)
 
@@ -31,6 +31,9 @@ test: lint
 
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -m "not full" -q
+
+test-faults: $(STAMP)
+	$(VENV)/bin/python -m pytest -m faults -q tests/test_faults.py tests/test_bad_input_corpus.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,227 @@
+"""Fault injection (marked ``faults``; runs in CI with the full suite): SIGKILL at seeded points of encode, publish,
+result and warehouse writes and convert, each followed by a re-run that must give the uninterrupted result and leave
+nothing behind; two runs at once on one cache and one warehouse; a killed CLI's Prefect server dies with it.
+
+Kill points are storage/faults.py's fail points. A census run (``CLIPCACHE_FAULT=census:<file>``) lists every point
+an uninterrupted run passes, in order; the test draws its kill points from that list with a fixed seed, at least one
+of each kind, so a change that adds or moves writes is covered without editing the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from clipcache.storage.embedding_store import EmbeddingStore
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+from fake_vlm_server import FakeVLMServer  # noqa: E402
+
+pytestmark = [pytest.mark.faults, pytest.mark.full]
+
+CLI = Path(sys.executable).parent / "clipcache"
+EVAL = ["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "shapes_retrieval", "--limit", "96",
+        "--batch_size", "16", "--orchestrator", "local", "--quiet"]
+SEED = 20261124
+EVAL_KILLS = 16  # with CONVERT_KILLS: 22 kill points per CI run
+CONVERT_KILLS = 6
+PARALLEL = 2  # cases run two at a time (each is two CLI processes, mostly start-up)
+
+
+def env(**extra: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("CLIPCACHE_FAULT", "PREFECT_API_URL"))}
+    return {**base, "CLIPCACHE_CHUNK_ROWS": "32", **extra}
+
+
+def run(argv: list[str], work: Path, **extra: str) -> subprocess.CompletedProcess:
+    work.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([str(CLI), *argv], cwd=work, env=env(PREFECT_HOME=str(work / "prefect"), **extra),
+                          capture_output=True, text=True, timeout=300)
+
+
+def eval_argv(work: Path) -> list[str]:
+    return [*EVAL, "--output_dir", str(work / "out"), "--cache_dir", str(work / "cache")]
+
+
+def results(out: Path) -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text())["metrics"] for p in sorted(out.glob("*/*.json"))}
+
+
+def leaderboard(out: Path) -> list[tuple]:
+    from clipcache import connect
+
+    con = connect(str(out))
+    return sorted(con.execute("select dataset, metric, k, value from leaderboard").fetchall())
+
+
+def leftovers(work: Path) -> list[str]:
+    found = [str(p.relative_to(work)) for p in work.rglob("*") if p.name.endswith(".tmp")]
+    if (work / "cache" / "embeddings").exists():
+        store = EmbeddingStore(work / "cache")
+        found += [f"partial {k}" for k in store.partial_keys()]
+        found += [f"damaged {k}" for k in store.keys() if store.verify(k)]
+    return found
+
+
+def census(argv: list[str], work: Path, **extra: str) -> list[str]:
+    record = work / "census.txt"
+    done = run(argv, work, CLIPCACHE_FAULT=f"census:{record}", **extra)
+    assert done.returncode == 0, done.stderr
+    return record.read_text().split()
+
+
+def draw(points: list[str], n: int) -> list[tuple[str, int]]:
+    """Seeded (point, occurrence) pairs among those a run passes: every kind once, the rest at random."""
+    occurrences = []
+    seen: Counter[str] = Counter()
+    for name in points:
+        seen[name] += 1
+        occurrences.append((name, seen[name]))
+    rng = random.Random(SEED)
+    chosen = [rng.choice([o for o in occurrences if o[0] == kind]) for kind in sorted(seen)]
+    rest = [o for o in occurrences if o not in chosen]
+    return chosen + rng.sample(rest, min(len(rest), n - len(chosen)))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    work = tmp_path_factory.mktemp("reference")
+    points = census(eval_argv(work), work)
+    return {"points": points, "results": results(work / "out"), "leaderboard": leaderboard(work / "out")}
+
+
+def test_sigkill_at_seeded_points_then_rerun_equals_the_uninterrupted_run(reference, tmp_path):
+    kills = draw(reference["points"], EVAL_KILLS)
+    assert len(kills) >= EVAL_KILLS and {k for k, _ in kills} >= {"encode-rows", "encode-commit", "publish",
+                                                                    "atomic-write", "pair-done"}
+    def one(kill: tuple[str, int]) -> str | None:
+        point, nth = kill
+        work = tmp_path / f"{point}-{nth}"
+        killed = run(eval_argv(work), work, CLIPCACHE_FAULT=f"{point}:{nth}")
+        if killed.returncode != -signal.SIGKILL:
+            return f"{kill}: not killed (exit {killed.returncode}): {killed.stderr[-1000:]}"
+        again = run(eval_argv(work), work)
+        if again.returncode != 0:
+            return f"{kill}: the re-run failed: {again.stderr[-1000:]}"
+        if results(work / "out") != reference["results"]:
+            return f"{kill}: results differ from the uninterrupted run"
+        if leaderboard(work / "out") != reference["leaderboard"]:  # the killed run counts nowhere
+            return f"{kill}: the leaderboard differs from the uninterrupted run"
+        if left := leftovers(work):
+            return f"{kill}: left behind {left}"
+        return None
+
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        failures = [f for f in pool.map(one, kills) if f]
+    assert failures == []
+    print(f"\nSIGKILL points: {len(kills)} ({dict(Counter(k for k, _ in kills))})")
+
+
+def test_sigkill_during_convert_then_rerun_gives_the_same_beir_folder(tmp_path):
+    with FakeVLMServer() as vlm:
+        def config(work: Path) -> Path:
+            cfg = {"eval_backend": "RAGEval", "eval_config": {"tool": "clip_benchmark", "eval": {
+                "models": [{"model_name": "captioner", "api_base": vlm.api_base, "api_key": "k"}],
+                "dataset_name": ["shapes_retrieval"], "split": "test", "task": "image_caption", "limit": 24,
+                "batch_size": 4, "verbose": False, "output_dir": str(work / "out"),
+                "cache_dir": str(work / "cache")}}}
+            work.mkdir(parents=True, exist_ok=True)
+            (work / "cfg.json").write_text(json.dumps(cfg))
+            return work / "cfg.json"
+
+        def folder(work: Path) -> dict[str, str]:
+            beir = work / "out" / "captioner" / "shapes_retrieval" / "retrieval_data"
+            return {str(p.relative_to(beir)): p.read_text() for p in sorted(beir.rglob("*")) if p.is_file()}
+
+        ref = tmp_path / "reference"
+        points = census(["run", str(config(ref))], ref)
+        expected = folder(ref)
+        assert expected and "caption" in points
+        kills = draw([p for p in points if p in ("caption", "atomic-write")], CONVERT_KILLS)
+        for point, nth in kills:
+            work = tmp_path / f"{point}-{nth}"
+            killed = run(["run", str(config(work))], work, CLIPCACHE_FAULT=f"{point}:{nth}")
+            assert killed.returncode == -signal.SIGKILL, (point, nth, killed.stderr[-2000:])
+            calls = len(vlm.bodies)
+            again = run(["run", str(config(work))], work)
+            assert again.returncode == 0, (point, nth, again.stderr[-2000:])
+            assert folder(work) == expected, (point, nth)
+            assert len(vlm.bodies) - calls <= 24 - (nth - 1 if point == "caption" else 0)  # finished work is kept
+            assert leftovers(work) == [], (point, nth)
+
+
+def test_two_runs_at_once_on_one_cache_and_one_warehouse(reference, tmp_path):
+    work = tmp_path / "shared"
+    work.mkdir()
+    procs = [subprocess.Popen([str(CLI), *eval_argv(work)], cwd=work, env=env(PREFECT_HOME=str(work / f"p{i}")),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    assert results(work / "out") == reference["results"]
+    assert leaderboard(work / "out") == reference["leaderboard"]  # two complete runs, the latest counted once
+    assert leftovers(work) == []
+    store = EmbeddingStore(work / "cache")
+    assert len(store.keys()) == 4  # each entry once: the second writer waited and reused the first's
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc (Linux)")
+def test_a_killed_cli_leaves_no_prefect_server_behind(tmp_path):
+    argv = ["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--orchestrator", "prefect", "--quiet",
+            "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]
+    proc = subprocess.Popen([str(CLI), *argv], cwd=tmp_path, env=env(PREFECT_HOME=str(tmp_path / "prefect")),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, tree = time.monotonic() + 180, set()
+    while time.monotonic() < deadline and proc.poll() is None:
+        tree = _descendants(proc.pid)
+        if any(b"server" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in tree
+               if Path(f"/proc/{pid}/cmdline").exists()):
+            break
+        time.sleep(0.2)
+    assert tree and proc.poll() is None, "the CLI did not start its private Prefect server"
+    time.sleep(3)  # let the server get going (and spawn whatever it spawns)
+    tree = _descendants(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in tree):
+        time.sleep(0.2)
+    survivors = [pid for pid in tree if Path(f"/proc/{pid}").exists()
+                 and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    assert survivors == [], f"processes the killed CLI started are still running: {survivors}"
+
+
+def test_a_cli_with_a_private_server_exits_cleanly(tmp_path):
+    done = run(["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "40", "--orchestrator",
+                "prefect", "--quiet", "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")],
+               tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Error logging to API" not in done.stderr and "Traceback" not in done.stderr
