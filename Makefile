@@ -33,7 +33,7 @@ test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -m "not full" -q
 
 test-faults: $(STAMP)
-	$(VENV)/bin/python -m pytest -m faults -q tests/test_faults.py tests/test_bad_input_corpus.py
+	$(VENV)/bin/python -m pytest -q tests/test_faults.py tests/test_bad_input_corpus.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
