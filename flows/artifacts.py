@@ -6,15 +6,11 @@ without opening files. Artifact keys group the same kind of artifact across runs
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-
-def _value(v: Any) -> Any:
-    return None if isinstance(v, float) and math.isnan(v) else v
+from clipcache.flows.console import cache_state, format_value
 
 
 def _link(path: str) -> str:
@@ -23,8 +19,11 @@ def _link(path: str) -> str:
 
 
 def publish_evaluation(flow_name: str, run_id: str, results: list, output_dir: str) -> None:
-    rows = [{"model": r.model, "dataset": r.dataset, "task": r.task, "metric": name, "value": _value(value),
-             "cache": "hit" if r.cache_hit else ("skipped" if r.status == "skipped" else "encoded")}
+    # the CLI table's cells: values rounded the same way (4 decimals, n/a for NaN), the same cache words
+    rows = [{"model": r.model, "dataset": r.dataset, "language": r.language, "task": r.task,
+             **({"variant": r.variant} if any(x.variant for x in results) else {}), "metric": name,
+             "value": format_value(value) if name else "", "tied": r.tied.get(name, 0), "n": r.n_samples,
+             "cache": cache_state(r)}
             for r in results for name, value in (r.metrics.items() or [("", None)])]
     create_table_artifact(key=f"{flow_name}-metrics", table=rows,
                           description=f"clipcache {flow_name} run {run_id}: one row per metric")
@@ -32,8 +31,7 @@ def publish_evaluation(flow_name: str, run_id: str, results: list, output_dir: s
              "| model | dataset | task | cache | result files |", "|---|---|---|---|---|"]
     for r in results:
         files = ", ".join(_link(f) for f in r.files) or "–"
-        cache = "skipped" if r.status == "skipped" else ("hit" if r.cache_hit else "encoded")
-        lines.append(f"| {r.model} | {r.dataset} | {r.task} | {cache} | {files} |")
+        lines.append(f"| {r.model} | {r.dataset} | {r.task} | {cache_state(r)} | {files} |")
     lines += ["", f"Parquet rows: `{Path(output_dir, 'warehouse').resolve()}` (query with `clipcache query`)."]
     create_markdown_artifact(key=f"{flow_name}-summary", markdown="\n".join(lines))
 

@@ -24,6 +24,11 @@ def test_evaluate_publishes_a_metrics_table_and_a_summary(prefect_server, tmp_pa
     assert len(tables) == 1 and tables[0].type == "table"
     rows = tables[0].data if isinstance(tables[0].data, list) else json.loads(tables[0].data)
     assert {r["metric"] for r in rows} == {"acc1", "acc5", "mean_per_class_recall"}
+    from clipcache.flows.console import format_value
+
+    # the same cells as the CLI table: 4 decimals, the same cache words
+    assert {r["metric"]: r["value"] for r in rows} == {k: format_value(v) for k, v in result.metrics.items()}
+    assert {r["cache"] for r in rows} == {"encoded"} and {r["n"] for r in rows} == {20}
     summaries = [a for a in read_artifacts("evaluate-summary") if result.run_id in str(a.data)]
     assert len(summaries) == 1 and "shapes_zeroshot_classification.limit20.json" in str(summaries[0].data)
 
