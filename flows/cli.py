@@ -261,10 +261,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClipcacheError as e:
         runtime.error_console().print(f"[bold red]error:[/] {_escape(str(e))}", highlight=False, soft_wrap=True)
         return e.exit_code
+    except OSError as e:
+        line = _storage_problem(e)
+        if line is None:
+            raise  # anything else is a bug: keep its traceback
+        runtime.error_console().print(f"[bold red]error:[/] {_escape(line)}", highlight=False, soft_wrap=True)
+        return 1
     except KeyboardInterrupt:
         runtime.error_console().print("[yellow]interrupted[/]: finished work is cached; run the same command again "
                                       "to continue")
         return 130
+
+
+def _storage_problem(error: OSError) -> str | None:
+    """One line for what the disk, not the code, refuses: full, over quota, a file-size limit, read-only, denied.
+    Writes are atomic or resumable, so what finished is kept and the same command continues after the fix."""
+    import errno
+
+    where = f" writing {error.filename}" if error.filename else ""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        what = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+                errno.EFBIG: "file size limit exceeded"}[error.errno]
+        return (f"{what}{where}: free some space (e.g. `clipcache cache gc --max_size ...`) or point --cache_dir / "
+                f"--output_dir elsewhere; finished work is kept, so the same command continues")
+    if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        what = "read-only file system" if error.errno == errno.EROFS else "permission denied"
+        return f"{what}{where}: choose a writable --cache_dir / --output_dir"
+    return None
 
 
 def _escape(text: str) -> str:

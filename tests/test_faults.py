@@ -225,3 +225,30 @@ def test_a_cli_with_a_private_server_exits_cleanly(tmp_path):
                tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Error logging to API" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_full_disk_is_one_line_and_the_same_command_then_finishes(tmp_path):
+    """A file-size limit (RLIMIT_FSIZE: writes past it fail with EFBIG, as they fail with ENOSPC on a full disk)
+    that the first cache chunk exceeds: one line, a non-zero exit; without the limit the same command finishes
+    and gives an unlimited run's numbers."""
+    import resource
+
+    argv = [str(CLI), "eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--orchestrator", "local",
+            "--quiet", "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]
+    base = {k: v for k, v in env().items() if k != "CLIPCACHE_CHUNK_ROWS"}  # 4,096-row chunks: 300 KB for 1,200
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+
+    full = subprocess.run(argv, cwd=tmp_path, env=base, capture_output=True, text=True, timeout=300,
+                          preexec_fn=limited)
+    assert full.returncode == 1 and full.stderr.strip().count("\n") == 0, full.stderr[-2000:]
+    assert "file size limit exceeded" in full.stderr and "the same command continues" in full.stderr
+    assert not (tmp_path / "out" / "tiny-shapes-clip").exists() and leftovers(tmp_path) == [
+        f"partial {k}" for k in EmbeddingStore(tmp_path / "cache").partial_keys()]  # resumable, nothing else
+    again = subprocess.run(argv, cwd=tmp_path, env=base, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    clean = tmp_path / "clean"
+    assert subprocess.run([*argv[:-4], "--output_dir", str(clean / "out"), "--cache_dir", str(clean / "cache")],
+                          cwd=tmp_path, env=base, capture_output=True, timeout=300).returncode == 0
+    assert results(tmp_path / "out") == results(clean / "out") and leftovers(tmp_path) == []
