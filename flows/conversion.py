@@ -41,7 +41,8 @@ def run_conversion(params: ConvertParams, stages: Stages) -> list[dict]:
     for i, spec in enumerate(params.models):
         api_key = spec.resolved_api_key(f"models.{i}.api_key")
         settings = CaptionSettings(spec.model_name, spec.api_base, spec.prompt, spec.max_tokens, spec.temperature,
-                                   spec.timeout, spec.concurrency, spec.max_retries)
+                                   spec.timeout, spec.concurrency, spec.max_retries,
+                                   stall_timeout=spec.stall_timeout)
         for name in params.datasets:
             base = Path(params.output_dir) / spec.basename
             result_path = base / f"{slug(name)}_image_caption.json"
@@ -71,7 +72,8 @@ def run_conversion(params: ConvertParams, stages: Stages) -> list[dict]:
                 "n_captioned": n_captioned, "n_failed": len(run.failures),
                 "failed": [{"image": dataset.describe(idx), "error": err} for idx, err in run.failures],
                 "n_corpus": counts.corpus, "n_queries": counts.queries, "api_calls": run.api_calls,
-                "from_cache": run.from_cache, "save_path": str(target) if n_captioned else None,
+                "from_cache": run.from_cache, "from_other_runs": run.from_peers, "stalled": run.stalled,
+                "save_path": str(target) if n_captioned else None,
             }
             payload = {"dataset": name, "model": spec.model_name, "task": "image_caption", "metrics": metrics}
             report = result_path if complete else result_path.with_name(f"{slug(name)}_image_caption.incomplete.json")

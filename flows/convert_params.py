@@ -34,6 +34,9 @@ class CaptionModelSpec(BaseModel):
     timeout: PositiveFloat = 60.0
     concurrency: PositiveInt = 8
     max_retries: NonNegativeInt = 5
+    stall_timeout: PositiveFloat = Field(300.0, description="give the conversion up when no caption has arrived for "
+                                                            "this many seconds (a hung API); what was captioned is "
+                                                            "kept and the same command continues")
 
     @property
     def basename(self) -> str:

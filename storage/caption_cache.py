@@ -4,11 +4,19 @@ One append-only JSON-lines file per captioning setup: ``<cache_dir>/captions/<se
 the digest of (model, api_base, prompt, generation parameters) — never the API key. Each line is
 ``{"image": <sha256 of the image bytes>, "caption": ...}``, written and flushed as soon as a response arrives, so a
 crash or Ctrl-C loses at most the requests in flight. A torn last line (killed mid-write) is ignored on read.
+
+Several processes may caption with one setup at once (two identical conversions, or two datasets sharing images):
+before asking the API for an image, a process claims it with a one-byte ``fcntl`` lock in ``<setup key>.lock`` at an
+offset taken from the image's hash; another process that finds the image claimed works on other images meanwhile
+and later reads the caption from the file (``refresh``). The kernel drops a dead process's claims, so a killed
+conversion blocks nobody.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -24,20 +32,54 @@ class CaptionCache:
         self.path = Path(cache_dir) / "captions" / f"{self.key}.jsonl"
         self._lock = threading.Lock()
         self._known: dict[str, str] = {}
+        self._offset = 0  # bytes of the file read so far
+        self._claims_fd: int | None = None  # one descriptor for the process's lifetime: closing any would drop claims
         if self.path.exists():
             raw = self.path.read_bytes()
             if raw and not raw.endswith(b"\n"):  # end a torn line so the next record starts on its own line
                 with open(self.path, "ab") as f:
                     f.write(b"\n")
-            for line in raw.decode("utf-8", errors="replace").splitlines():
-                try:
-                    record = json.loads(line)
-                    self._known[record["image"]] = record["caption"]
-                except (ValueError, KeyError, TypeError):
-                    continue  # a torn line from an interrupted write
+            self.refresh()
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             (self.path.parent / f"{self.key}.setup.json").write_text(json.dumps(setup, indent=1))
+
+    def refresh(self) -> int:
+        """Read the lines other processes appended since the last read; returns how many captions were new."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                raw = f.read()
+        except FileNotFoundError:
+            return 0
+        complete = raw[: raw.rfind(b"\n") + 1]  # a line still being written is read next time
+        self._offset += len(complete)
+        new = 0
+        for line in complete.decode("utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+                new += record["image"] not in self._known
+                self._known[record["image"]] = record["caption"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn line from an interrupted write
+        return new
+
+    def _claim_offset(self, image_sha256: str) -> int:
+        return int(image_sha256[:10], 16)
+
+    def try_claim(self, image_sha256: str) -> bool:
+        """Claim an image for this process (non-blocking); False while another process has it."""
+        if self._claims_fd is None:
+            self._claims_fd = os.open(self.path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.lockf(self._claims_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, self._claim_offset(image_sha256))
+            return True
+        except OSError:
+            return False
+
+    def release(self, image_sha256: str) -> None:
+        if self._claims_fd is not None:
+            fcntl.lockf(self._claims_fd, fcntl.LOCK_UN, 1, self._claim_offset(image_sha256))
 
     def get(self, image_sha256: str) -> str | None:
         return self._known.get(image_sha256)

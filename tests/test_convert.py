@@ -4,6 +4,7 @@ BEIR files that the real `beir` loader reads."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -141,6 +142,52 @@ def test_a_hanging_server_times_out(prefect_server, vlm, tmp_path):
     vlm.hang = True
     m = convert(tmp_path, vlm.api_base, data, timeout=0.5, max_retries=1)
     assert m["n_failed"] == 1 and "APITimeoutError" in m["failed"][0]["error"]
+
+
+def test_a_hung_api_costs_the_conversion_at_most_its_stall_timeout(prefect_server, vlm, tmp_path):
+    import time
+
+    data = write_image_queries(tmp_path / "d", n=6)
+    vlm.hang = True  # per request: 2 s timeout x 21 attempts, about 40 s an image; the stall timeout cuts it to ~3 s
+    started = time.monotonic()
+    m = convert(tmp_path, vlm.api_base, data, timeout=2, max_retries=20, concurrency=2, stall_timeout=3)
+    assert time.monotonic() - started < 15
+    assert m["stalled"] and m["n_failed"] == 6 and not m["conversion_successful"]
+    assert all("no caption for 3 s (stall_timeout)" in f["error"] for f in m["failed"])
+    vlm.hang = False  # the API is back: the same conversion finishes
+    again = convert(tmp_path, vlm.api_base, data)
+    assert again["conversion_successful"] and not again["stalled"]
+
+
+def test_identical_conversions_at_once_ask_for_each_caption_once(vlm, tmp_path):
+    """Two processes converting the same data with the same captioner share the captions in flight: each image is
+    asked for by one of them, and the other reads its caption from the cache file."""
+    import subprocess
+
+    data = write_image_queries(tmp_path / "d", n=16)
+    vlm.delay = 0.2
+    cfg = {"eval_backend": "RAGEval", "eval_config": {"tool": "clip_benchmark", "eval": {
+        "models": [{"model_name": "captioner", "api_base": vlm.api_base, "api_key": SECRET, "concurrency": 2}],
+        "dataset_name": ["custom"], "data_dir": str(data), "task": "image_caption", "verbose": False,
+        "cache_dir": str(tmp_path / "cache")}}}
+    procs = []
+    for i in range(2):
+        cfg["eval_config"]["eval"]["output_dir"] = str(tmp_path / f"out{i}")
+        (tmp_path / f"cfg{i}.json").write_text(json.dumps(cfg))
+        procs.append(subprocess.Popen([str(Path(sys.executable).parent / "clipcache"), "run",
+                                       str(tmp_path / f"cfg{i}.json")],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env={**os.environ, "PREFECT_HOME": str(tmp_path / f"prefect{i}")}))
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-1500:] for o in outs]
+    assert vlm.requests == 16  # not 32
+    corpora = [(tmp_path / f"out{i}" / "captioner" / "custom" / "retrieval_data" / "corpus.jsonl").read_text()
+               for i in range(2)]
+    assert corpora[0] == corpora[1]
+    shared = [json.loads((tmp_path / f"out{i}" / "captioner" / "custom_image_caption.json").read_text())["metrics"]
+              for i in range(2)]
+    assert sum(m["api_calls"] for m in shared) == 16  # between them, once per image
+    assert all(m["api_calls"] + m["from_other_runs"] + m["from_cache"] == 16 for m in shared)
 
 
 def test_rerun_makes_zero_calls_and_a_longer_run_only_the_new_ones(prefect_server, vlm, tmp_path):

@@ -42,6 +42,9 @@ class CaptionSettings:
     max_retries: int = 5
     backoff_seconds: float = 0.5
     backoff_cap_seconds: float = 30.0
+    # Give up on the whole conversion when no caption has arrived for this long: a hung API costs at most this, not
+    # timeout x attempts per image (6 min an image with the defaults). What was captioned is kept.
+    stall_timeout: float = 300.0
 
     def cache_setup(self) -> dict[str, Any]:
         """What determines a caption (the cache key); the API key is not part of it."""
@@ -55,6 +58,8 @@ class CaptionRun:
     failures: list[tuple[int, str]] = field(default_factory=list)
     api_calls: int = 0
     from_cache: int = 0
+    from_peers: int = 0  # captions another process asked for while this one waited (identical conversions at once)
+    stalled: bool = False
 
 
 class FatalRequestError(VLMRequestError):
@@ -139,37 +144,83 @@ async def _caption_all(jobs: dict[str, tuple[bytes, list[int]]], settings: Capti
     import openai
 
     counter = [0]
+    last_answer = [time.monotonic()]
     semaphore = asyncio.Semaphore(max(1, settings.concurrency))
     stop = asyncio.Event()  # set by a fatal answer, before its slot is released: nothing new is sent after it
     async with openai.AsyncOpenAI(base_url=settings.api_base, api_key=api_key, max_retries=0,
                                   timeout=settings.timeout) as client:
 
-        async def one(sha: str, jpeg: bytes, indices: list[int]) -> None:
-            async with semaphore:
-                if stop.is_set():
-                    return
-                try:
-                    caption = await _caption_with_retries(client, settings, jpeg, counter)
-                except FatalRequestError:
-                    stop.set()
-                    raise
-                except VLMRequestError as e:
-                    run.failures.extend((i, str(e)) for i in indices)
-                    advance(len(indices))
-                    return
-            cache.put(sha, caption)
+        def done(indices: list[int], caption: str) -> None:
             for i in indices:
                 run.captions[i] = caption
+            last_answer[0] = time.monotonic()
             advance(len(indices))
 
+        async def one(sha: str, jpeg: bytes, indices: list[int]) -> None:
+            while True:
+                async with semaphore:
+                    if stop.is_set():
+                        return
+                    if cache.try_claim(sha):
+                        try:
+                            if (shared := cache.get(sha)) is None and cache.refresh():
+                                shared = cache.get(sha)  # finished elsewhere just before this claim
+                            if shared is not None:
+                                run.from_peers += 1
+                                done(indices, shared)
+                                return
+                            try:
+                                caption = await _caption_with_retries(client, settings, jpeg, counter)
+                            except FatalRequestError:
+                                stop.set()
+                                raise
+                            except VLMRequestError as e:
+                                run.failures.extend((i, str(e)) for i in indices)
+                                advance(len(indices))
+                                return
+                            cache.put(sha, caption)
+                        finally:
+                            cache.release(sha)
+                        done(indices, caption)
+                        return
+                # another process is asking for this image: free the slot for other images, then look again
+                await asyncio.sleep(0.2)
+                if cache.get(sha) is None:
+                    cache.refresh()
+                if (shared := cache.get(sha)) is not None:
+                    run.from_peers += 1
+                    done(indices, shared)
+                    return
+
+        async def watchdog() -> None:
+            while True:
+                await asyncio.sleep(min(1.0, settings.stall_timeout / 4))
+                if time.monotonic() - last_answer[0] > settings.stall_timeout:
+                    run.stalled = True
+                    stop.set()
+                    for t in tasks:
+                        t.cancel()
+                    return
+
         tasks = [asyncio.create_task(one(sha, jpeg, idx)) for sha, (jpeg, idx) in jobs.items()]
+        guard = asyncio.create_task(watchdog())
         try:
             await asyncio.gather(*tasks)
+        except asyncio.CancelledError:
+            if not run.stalled:  # Ctrl-C, not the watchdog
+                raise
         finally:
+            guard.cancel()
             for t in tasks:  # a fatal error (or Ctrl-C) cancels what is still in flight
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, guard, return_exceptions=True)
             run.api_calls = counter[0]
+        if run.stalled:
+            failed = {i for i, _ in run.failures}
+            reason = (f"the API gave no caption for {settings.stall_timeout:g} s (stall_timeout), so the conversion "
+                      f"stopped asking")
+            run.failures.extend((i, reason) for _, indices in jobs.values() for i in indices
+                                if run.captions[i] is None and i not in failed)
 
 
 def caption_images(images: Iterable[Image.Image], n: int, settings: CaptionSettings, *, api_key: str,
