@@ -178,6 +178,36 @@ def test_sigkill_mid_encode_resumes_from_the_last_chunk_bit_identical(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_kill_loses_at_most_commit_seconds_of_work_even_inside_one_chunk(tmp_path):
+    """Rows commit by time as well as by chunk: with 4,096-row chunks, 2,000 rows never fill one, yet a kill after
+    a second of encoding keeps what was committed, and the resumed entry is bit-identical with full-size chunks."""
+    n, batch, env = 2_000, 32, {"CLIPCACHE_CHUNK_ROWS": "4096", "CLIPCACHE_COMMIT_SECONDS": "1"}
+    cache = tmp_path / "killed"
+    proc = run_worker(cache, n, batch, env=env)
+    deadline, committed = time.monotonic() + 240, 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        for f in (cache / "embeddings").glob("*.partial.zarr/progress.json") if (cache / "embeddings").exists() else []:
+            try:
+                committed = json.loads(f.read_text())["rows"]
+            except (OSError, ValueError):
+                pass
+        if committed:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL and 0 < committed < 4096, (proc.returncode, committed)
+    key, was_resumed, encoded = run_worker(cache, n, batch, env=env).communicate(timeout=300)[0].split()
+    assert was_resumed == "True" and int(encoded) <= n - committed
+    clean_key = run_worker(tmp_path / "clean", n, batch, env=env).communicate(timeout=300)[0].split()[0]
+    assert clean_key == key
+    resumed, clean = EmbeddingStore(cache).open(key), EmbeddingStore(tmp_path / "clean").open(key)
+    np.testing.assert_array_equal(resumed.embeddings(), clean.embeddings())
+    assert resumed._group["embeddings"].chunks[0] == min(4096, n)  # reads still go by whole chunks, not commits
+    assert EmbeddingStore(cache).verify(key) == []
+
+
+@pytest.mark.slow
 def test_two_processes_encoding_the_same_key(tmp_path):
     cache = tmp_path / "shared"
     procs = [run_worker(cache, 3000, 64) for _ in range(2)]
