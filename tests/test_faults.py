@@ -252,3 +252,115 @@ def test_a_full_disk_is_one_line_and_the_same_command_then_finishes(tmp_path):
     assert subprocess.run([*argv[:-4], "--output_dir", str(clean / "out"), "--cache_dir", str(clean / "cache")],
                           cwd=tmp_path, env=base, capture_output=True, timeout=300).returncode == 0
     assert results(tmp_path / "out") == results(clean / "out") and leftovers(tmp_path) == []
+
+
+class FlakyS3Proxy:
+    """An HTTP proxy in front of the S3 server that answers a seeded share of requests with 503 SlowDown (what S3
+    says under load) and delays others, so the remote path meets errors and latency as a real store would give."""
+
+    def __init__(self, upstream: str, error_rate: float = 0.12, delay_rate: float = 0.1, seed: int = SEED):
+        import http.client
+        import threading
+        import urllib.parse
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.errors = self.delays = self.requests = 0
+        rng, lock, proxy = random.Random(seed), threading.Lock(), self
+        target = urllib.parse.urlsplit(upstream)
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    out = b""
+                    while size := int(self.rfile.readline().split(b";")[0], 16):
+                        out += self.rfile.read(size)
+                        self.rfile.readline()
+                    self.rfile.readline()
+                    return out
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _forward(self) -> None:
+                body = self._body()
+                with lock:
+                    proxy.requests += 1
+                    roll = rng.random()
+                if roll < proxy.error_rate:
+                    with lock:
+                        proxy.errors += 1
+                    payload = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                               b"<Message>Please reduce your request rate.</Message></Error>")
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(payload)
+                    return
+                if roll < proxy.error_rate + proxy.delay_rate:
+                    with lock:
+                        proxy.delays += 1
+                    time.sleep(0.05)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("transfer-encoding",)}
+                headers["Content-Length"] = str(len(body))
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+                conn.request(self.command, self.path, body=body, headers=headers)
+                answer = conn.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                for k, v in answer.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                # a HEAD answer has no body but tells the object's size
+                self.send_header("Content-Length", answer.getheader("Content-Length", "0") if self.command == "HEAD"
+                                 else str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward  # noqa: N815
+
+        self.error_rate, self.delay_rate = error_rate, delay_rate
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_flaky_object_store_gives_the_same_results_or_one_line_then_the_same_results(s3_endpoint, bucket,
+                                                                                         reference, tmp_path):
+    """Cache and results on S3 behind a proxy that fails 12% of requests with 503 and delays 10%: every attempt
+    either succeeds or ends in one line (no traceback); attempts continue from what earlier ones finished, and the
+    results equal the local, uninterrupted run's."""
+    proxy = FlakyS3Proxy(s3_endpoint)
+    argv = [*EVAL, "--cache_dir", f"s3://{bucket}/cache", "--output_dir", f"s3://{bucket}/results"]
+    extra = {"AWS_ENDPOINT_URL": proxy.url, "CLIPCACHE_LOCAL_DIR": str(tmp_path / "local")}
+    try:
+        attempts = []
+        for _ in range(5):
+            done = run(argv, tmp_path, **extra)
+            attempts.append(done.returncode)
+            if done.returncode == 0:
+                break
+            assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]
+        assert attempts[-1] == 0, attempts
+    finally:
+        proxy.close()
+    assert proxy.errors > 0 and proxy.delays > 0  # the faults really happened
+    from clipcache.storage.paths import as_path
+
+    found = {p.name: json.loads(p.read_text())["metrics"]
+             for p in as_path(f"s3://{bucket}/results/tiny-shapes-clip").iterdir() if p.name.endswith(".json")}
+    assert found == reference["results"]
+    store = EmbeddingStore(f"s3://{bucket}/cache")
+    assert store.partial_keys() == [] and all(store.verify(k) == [] for k in store.keys())
+    print(f"\nflaky store: {proxy.requests} requests, {proxy.errors} answered 503, {proxy.delays} delayed; "
+          f"attempts: {attempts}")

@@ -12,44 +12,6 @@ from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.paths import as_path, is_remote, local_dir
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    """A real S3 HTTP API (moto's server) on 127.0.0.1; clients find it through AWS_ENDPOINT_URL, as users would."""
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    saved = {}
-    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1"}
-    import os
-
-    for name, value in env.items():
-        saved[name] = os.environ.get(name)
-        os.environ[name] = value
-    yield endpoint
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    server.stop()
-
-
-@pytest.fixture
-def bucket(s3_endpoint):
-    import boto3
-
-    name = f"clipcache-{uuid.uuid4().hex[:8]}"
-    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
-    return name
-
-
 def _object_keys(endpoint: str, bucket: str) -> list[str]:
     import boto3
 
