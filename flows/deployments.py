@@ -110,4 +110,30 @@ def serve_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE, names: li
     if not PREFECT_API_URL.value():
         raise ConfigError("clipcache serve needs a Prefect server for its schedules: run `prefect server start` and "
                           "export PREFECT_API_URL=http://127.0.0.1:4200/api (or your server's URL)")
-    serve(*runner_deployments(prefect_file, names), limit=limit)
+    deployments = runner_deployments(prefect_file, names)
+    _refuse_pool_deployments(deployments)
+    serve(*deployments, limit=limit)
+
+
+def _refuse_pool_deployments(deployments: list) -> None:
+    """`serve` registers its deployments under their names, without a work pool or pull steps: over one that
+    `prefect deploy` put in a work pool, it would silently take it from the pool's workers (their runs then fail,
+    and both would fire the schedule). So a deployment is either served or deployed, never both."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    taken = []
+    with get_client(sync_client=True) as client:
+        for d in deployments:
+            try:
+                existing = client.read_deployment_by_name(f"{d.flow_name}/{d.name}")
+            except ObjectNotFound:
+                continue
+            if existing.work_pool_name:
+                taken.append(f"{d.flow_name}/{d.name} (work pool {existing.work_pool_name!r})")
+    if taken:
+        one = len(taken) == 1
+        raise ConfigError(f"{', '.join(taken)} {'is' if one else 'are'} deployed to a work pool by `prefect deploy`; "
+                          f"serving {'it' if one else 'them'} here would take {'it' if one else 'them'} from the "
+                          f"pool's workers. Serve other deployments (--deployment NAME), or delete a deployment first "
+                          f"to switch it (`prefect deployment delete {taken[0].split(' ')[0]}`)")

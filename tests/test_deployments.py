@@ -158,6 +158,13 @@ def test_prefect_deploy_and_a_process_worker_run_a_triggered_evaluation(prefect_
     artifacts = httpx.post(f"{prefect_api}/artifacts/filter",
                            json={"artifacts": {"flow_run_id": {"any_": [finished["id"]]}}}).json()
     assert {"table", "markdown"} <= {a["type"] for a in artifacts}
+    # `clipcache serve` of the same prefect.yaml refuses to take a deployed deployment from the pool's workers
+    served = run([str(BIN / "clipcache"), "serve"], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert served.returncode == 2 and len(served.stderr.strip().splitlines()) == 1, served.stderr[-2000:]
+    assert "evaluate-suite/nightly-evaluate (work pool 'clipcache')" in served.stderr
+    assert "deployed to a work pool by `prefect deploy`" in served.stderr
+    after = httpx.get(f"{prefect_api}/deployments/name/evaluate-suite/nightly-evaluate").json()
+    assert after["work_pool_name"] == "clipcache" and after["pull_steps"] == deployment["pull_steps"]
 
 
 @pytest.mark.slow
