@@ -194,7 +194,8 @@ def _descendants(pid: int) -> set[int]:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc (Linux)")
-def test_a_killed_cli_leaves_no_prefect_server_behind(tmp_path):
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "Ctrl-C"])
+def test_a_killed_cli_leaves_no_prefect_server_behind(tmp_path, how):
     argv = ["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--orchestrator", "prefect", "--quiet",
             "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]
     proc = subprocess.Popen([str(CLI), *argv], cwd=tmp_path, env=env(PREFECT_HOME=str(tmp_path / "prefect")),
@@ -209,8 +210,8 @@ def test_a_killed_cli_leaves_no_prefect_server_behind(tmp_path):
     assert tree and proc.poll() is None, "the CLI did not start its private Prefect server"
     time.sleep(3)  # let the server get going (and spawn whatever it spawns)
     tree = _descendants(proc.pid)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.send_signal(how)
+    proc.wait(timeout=60)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in tree):
         time.sleep(0.2)
