@@ -35,7 +35,9 @@ class EvaluateParams(BaseModel):
     models: list[ModelSpec] = Field(min_length=1, description="models to evaluate (the CLI's --model x --pretrained "
                                                               "product, or --pretrained_model pairs)")
     datasets: list[str] = Field(min_length=1, description="shapes, shapes_retrieval, custom, imagefolder, "
-                                                          "image_labels, wds/<name> or a catalog name")
+                                                          "image_labels, wds/<name>, a catalog name, a clip_benchmark "
+                                                          "collection (vtab, vtab+, retrieval, imagenet_robustness, "
+                                                          "sugar_crepe) or a file of names")
     dataset_root: str | None = Field(None, description="dataset folder, or a template with {dataset} / "
                                                        "{dataset_cleaned}; for custom: the folder with "
                                                        "image_queries.jsonl; for text_retrieval: a BEIR folder")
@@ -93,6 +95,10 @@ class EvaluateParams(BaseModel):
                                                              "worker, at most 65,536 rows)")
     model_cache_dir: str | None = Field(None, description="where hub downloads go (default: the hubs' own caches)")
     skip_existing: bool = Field(False, description="skip an experiment whose result file exists")
+    dump_classnames: bool = Field(False, description="write the class names used into each result JSON "
+                                                     "(clip_benchmark's --dump_classnames)")
+    dump_templates: bool = Field(False, description="write the templates used into each result JSON "
+                                                    "(clip_benchmark's --dump_templates)")
     verbose: bool = Field(True, description="progress bars")
 
     @field_validator("language", mode="before")
@@ -114,7 +120,12 @@ class EvaluateParams(BaseModel):
     def _no_blank_names(cls, value: list[str]) -> list[str]:
         if any(not name.strip() for name in value):
             raise ValueError("dataset names must not be empty")
-        return value
+        from clipcache.tasks.datasets.collections import expand_datasets
+
+        try:  # clip_benchmark's collections (vtab, vtab+, retrieval, ...) and files of names, as its --dataset
+            return expand_datasets(value)
+        except ClipcacheError as e:
+            raise ValueError(str(e).removeprefix("datasets: ")) from None
 
     @model_validator(mode="after")
     def _known_datasets(self) -> EvaluateParams:

@@ -168,11 +168,16 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
     for _, _, settings, name in todo:
         with ctx.progress.status(f"scoring {dataset} on {session.device}"):
             scores.append(stages.run("score", f"score-{name}", task.score, ctx.store, encoded, prepared, settings))
+    dumps = {}  # clip_benchmark's --dump_classnames / --dump_templates: the prompts this evaluation used
+    if prepared.prompts is not None and params.dump_classnames:
+        dumps["classnames"] = list(prepared.prompts.classnames)
+    if prepared.prompts is not None and params.dump_templates:
+        dumps["templates"] = list(prepared.prompts.templates)
     for (result, experiment, _, name), scored in zip(todo, scores, strict=True):
         files = stages.run("write-results", f"write-{name}", write_pair_results, ctx.run, spec, experiment,
                            model_fingerprint=session.resolved.fingerprint, metrics=scored.metrics, tied=scored.tied,
                            n_samples=scored.n_samples, cache_keys=encoded.cache_keys, output_dir=params.output_dir,
-                           output_template=params.output)
+                           output_template=params.output, dumps=dumps)
         result.metrics, result.tied, result.n_samples = scored.metrics, scored.tied, scored.n_samples
         result.cache_hit, result.resumed = encoded.cache_hit, encoded.resumed
         result.model_loaded = session.loads > loads_before or bool(sharded)  # sharded: the workers loaded it

@@ -89,13 +89,16 @@ def result_payload(spec: ModelSpec, experiment: Experiment, metrics: dict[str, f
 
 def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, *, model_fingerprint: str,
                        metrics: dict[str, float], tied: dict[str, int], n_samples: int, cache_keys: list[str],
-                       output_dir: str, output_template: str | None) -> list[Path]:
-    paths = [write_json(experiment.result_path(output_dir), result_payload(spec, experiment, metrics, n_samples,
-                                                                                  tied))]
+                       output_dir: str, output_template: str | None, dumps: dict | None = None) -> list[Path]:
+    """``dumps``: what clip_benchmark's --dump_classnames / --dump_templates add to the JSON (classnames, templates)."""
+    dumps = dumps or {}
+    paths = [write_json(experiment.result_path(output_dir), {**result_payload(spec, experiment, metrics, n_samples,
+                                                                                     tied), **dumps})]
     if output_template:
         paths.append(write_json(clip_benchmark_output_path(output_template, spec, experiment), {
             "dataset": experiment.dataset, "model": spec.model_name, "pretrained": spec.pretrained,
-            "task": experiment.task, "metrics": json_safe_metrics(metrics), "language": experiment.language}))
+            "task": experiment.task, "metrics": json_safe_metrics(metrics), "language": experiment.language,
+            **dumps}))
     rows = metric_rows(run, experiment, model_fingerprint=model_fingerprint, metrics=metrics, tied=tied,
                        n_samples=n_samples, cache_keys=cache_keys)
     paths.append(write_metric_rows(output_dir, run.run_id, rows))
