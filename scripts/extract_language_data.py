@@ -1,4 +1,5 @@
-"""Write tasks/datasets/prompts/imagenet1k.json: ImageNet-1k class names and zero-shot templates per language.
+"""Write tasks/datasets/prompts/imagenet1k.json (ImageNet-1k class names and zero-shot templates per language) and
+tasks/datasets/prompts/clip_benchmark.json (every dataset's class names and templates per language, as shipped).
 
     .venv/bin/python scripts/extract_language_data.py
 
@@ -30,6 +31,17 @@ def main() -> None:
         out[lang] = {"classnames": names, "templates": templates}
     target = Path(__file__).resolve().parents[1] / "tasks" / "datasets" / "prompts" / "imagenet1k.json"
     target.write_text(json.dumps(out, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {target} ({target.stat().st_size:,} bytes)")
+    everything = {"_provenance": f"LAION clip_benchmark {version('clip-benchmark')} (MIT licence): "
+                                 f"datasets/<lang>_classnames.json and <lang>_zeroshot_classification_templates.json, "
+                                 f"every key; extracted by scripts/extract_language_data.py"}
+    for lang in LANGUAGES:
+        everything[lang] = {
+            "classnames": json.loads((folder / f"{lang}_classnames.json").read_text(encoding="utf-8")),
+            "templates": json.loads((folder / f"{lang}_zeroshot_classification_templates.json").read_text(
+                encoding="utf-8"))}
+    target = target.with_name("clip_benchmark.json")
+    target.write_text(json.dumps(everything, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
     print(f"wrote {target} ({target.stat().st_size:,} bytes)")
 
 

@@ -29,6 +29,8 @@ DATASETS.register("custom", "clipcache.tasks.datasets.loaders:custom")
 DATASETS.register("imagefolder", "clipcache.tasks.datasets.loaders:imagefolder")
 DATASETS.register("image_labels", "clipcache.tasks.datasets.loaders:image_labels")
 DATASETS.register("winoground", "clipcache.tasks.datasets.loaders:winoground")
+DATASETS.register("cifar10", "clipcache.tasks.datasets.loaders:cifar")  # torchvision's layouts (original.py)
+DATASETS.register("cifar100", "clipcache.tasks.datasets.loaders:cifar")
 SUGAR_CREPE = tuple(f"sugar_crepe/{task}" for task in ("add_att", "add_obj", "replace_att", "replace_obj",
                                                          "replace_rel", "swap_att", "swap_obj"))
 for _name in SUGAR_CREPE:
@@ -38,6 +40,7 @@ for _name in SUGAR_CREPE:
 REGISTERED_TASKS = {"shapes": "zeroshot_classification", "shapes_retrieval": "zeroshot_retrieval",
                     "custom": "zeroshot_retrieval", "imagefolder": "zeroshot_classification",
                     "image_labels": "zeroshot_classification", "winoground": "image_caption_selection",
+                    "cifar10": "zeroshot_classification", "cifar100": "zeroshot_classification",
                     **dict.fromkeys(SUGAR_CREPE, "image_caption_selection")}
 
 WDS_PREFIX = "wds/"

@@ -56,3 +56,9 @@ def winoground(name: str, root: Path | None, split: str, limit: int | None) -> E
     from clipcache.tasks.datasets.selection import load_winoground
 
     return load_winoground(name, _root(name, root), split, limit)
+
+
+def cifar(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+    from clipcache.tasks.datasets.original import load_cifar
+
+    return load_cifar(name, _root(name, root), split, limit)

@@ -1,0 +1,116 @@
+"""clip_benchmark's original (torchvision) layouts under ``--dataset_root``, read as clip_benchmark reads them.
+
+- ``cifar10``: ``<root>/cifar-10-batches-py/`` (``data_batch_1`` .. ``data_batch_5``, ``test_batch``,
+  ``batches.meta``); ``cifar100``: ``<root>/cifar-100-python/`` (``train``, ``test``, ``meta``). Python pickles of
+  3,072-byte rows (3 x 32 x 32, channel-major), as torchvision's CIFAR10/CIFAR100 read them: rows in file order,
+  the train split the five batches in order. Class names are the files' own (``label_names`` / ``fine_label_names``),
+  as clip_benchmark keeps torchvision's; templates are clip_benchmark's for the dataset in the chosen language
+  (tasks/datasets/prompts/clip_benchmark.json), falling back to its ImageNet templates as it does.
+
+Nothing is downloaded: a missing file is named, with where clip_benchmark (torchvision) gets it.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from clipcache.storage.errors import DatasetError
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset
+
+PROMPTS = Path(__file__).with_name("prompts") / "clip_benchmark.json"
+CIFAR = {
+    "cifar10": {"folder": "cifar-10-batches-py", "train": [f"data_batch_{i}" for i in range(1, 6)],
+                "test": ["test_batch"], "meta": "batches.meta", "names": "label_names", "labels": "labels",
+                "url": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"},
+    "cifar100": {"folder": "cifar-100-python", "train": ["train"], "test": ["test"], "meta": "meta",
+                 "names": "fine_label_names", "labels": "fine_labels",
+                 "url": "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"},
+}
+
+
+@cache
+def clip_benchmark_prompts() -> dict[str, Any]:
+    return {k: v for k, v in json.loads(PROMPTS.read_text(encoding="utf-8")).items() if not k.startswith("_")}
+
+
+def templates_for(dataset: str, language: str) -> list[str]:
+    """clip_benchmark's templates for ``dataset`` in ``language``, else its ImageNet ones (its own fallback)."""
+    data = clip_benchmark_prompts()[language]["templates"]
+    return list(data.get(dataset) or data["imagenet1k"])
+
+
+@dataclass
+class ArrayImages(EvalDataset):
+    """Images held as an (n, H, W, 3) uint8 array, decoded from the dataset's own files up front."""
+
+    pixels: np.ndarray = field(default_factory=lambda: np.zeros((0, 1, 1, 3), dtype=np.uint8))
+    files: list[Path] = field(default_factory=list)
+    layout: str = ""
+
+    def __len__(self) -> int:
+        return len(self.pixels)
+
+    def identity(self, memo: FileHashMemo) -> dict[str, Any]:
+        return {"format": self.layout, "files": [memo.sha256(f) for f in self.files], "n": len(self)}
+
+    def describe(self, index: int) -> str:
+        return f"{self.files[0].parent} ({self.split} split) image {index}"
+
+    def read_image_bytes(self, index: int) -> Image.Image:
+        return Image.fromarray(self.pixels[index])
+
+
+def _unpickle(path: Path, name: str, url: str) -> dict:
+    if not path.is_file():
+        raise DatasetError(f"dataset {name!r}: {path} not found (clip_benchmark gets it through torchvision from "
+                           f"{url}; unpack it under --dataset_root)")
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f, encoding="latin1")  # noqa: S301 - the user's own dataset files, as torchvision
+    except (pickle.UnpicklingError, EOFError, ValueError, OSError) as e:
+        raise DatasetError(f"dataset {name!r}: {path} is not a CIFAR pickle ({type(e).__name__}: {e})") from e
+
+
+def load_cifar(name: str, root: Path, split: str, limit: int | None) -> ArrayImages:
+    spec = CIFAR[name]
+    if split not in ("train", "test"):
+        raise DatasetError(f"dataset {name!r} has the splits train and test (asked for {split!r})")
+    folder = Path(root) / spec["folder"]
+    files = [folder / f for f in spec[split]]
+    meta = _unpickle(folder / spec["meta"], name, spec["url"])
+    classnames = meta.get(spec["names"])
+    if not isinstance(classnames, list) or not classnames:
+        raise DatasetError(f"dataset {name!r}: {folder / spec['meta']} has no {spec['names']!r}")
+    pixels, labels, read = [], [], []
+    for path in files:
+        batch = _unpickle(path, name, spec["url"])
+        try:
+            data = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+            targets = np.asarray(batch[spec["labels"]], dtype=np.int64)
+        except (KeyError, ValueError) as e:
+            raise DatasetError(f"dataset {name!r}: {path} does not hold 'data' rows of 3,072 bytes and "
+                               f"{spec['labels']!r} ({type(e).__name__}: {e})") from e
+        if len(data) != len(targets):
+            raise DatasetError(f"dataset {name!r}: {path} has {len(data)} images and {len(targets)} labels")
+        pixels.append(data)
+        labels.append(targets)
+        read.append(path)
+        if limit is not None and sum(len(p) for p in pixels) >= limit:
+            break
+    all_pixels, all_labels = np.concatenate(pixels)[:limit], np.concatenate(labels)[:limit]
+    bad = np.flatnonzero((all_labels < 0) | (all_labels >= len(classnames)))
+    if len(bad):
+        raise DatasetError(f"dataset {name!r}: image {int(bad[0])} has label {int(all_labels[bad[0]])}, outside the "
+                           f"{len(classnames)} classes of {folder / spec['meta']}")
+    prompts = ClassPrompts([str(c) for c in classnames], templates_for(name, "en"), "en", str(folder))
+    return ArrayImages(name=name, split=split, task="zeroshot_classification", labels=all_labels, prompts=prompts,
+                       pixels=all_pixels, files=read, layout=f"torchvision-{name}")

@@ -1,0 +1,111 @@
+"""clip_benchmark's original (torchvision) layouts, read from generated files in that layout and scored equal to
+clip_benchmark's own builder, data loader and evaluate() on the same folder."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import open_clip
+import pytest
+import torch
+import torchvision
+from clip_benchmark.datasets.builder import build_dataset
+from clip_benchmark.metrics import zeroshot_classification
+
+from clipcache.storage.embedding_store import EmbeddingStore
+from clipcache.storage.errors import DatasetError
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.datasets import open_dataset
+from clipcache.tasks.encode.stage import ModelSession
+from clipcache.tasks.evaluation import evaluate_one
+from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, ScoreSettings
+from clipcache.tasks.models.resolve import resolve_model
+from clipcache.tasks.models.spec import ModelSpec
+
+
+def write_cifar(root, name="cifar10", n_test=40, n_train=30):
+    """torchvision's layout, filled with shapes images scaled to 32 x 32; labels from the shapes colours."""
+    from clipcache.tasks.datasets import shapes
+
+    n_classes = 10 if name == "cifar10" else 100
+    folder = root / ("cifar-10-batches-py" if name == "cifar10" else "cifar-100-python")
+    folder.mkdir(parents=True)
+    ds = shapes.load_shapes("fixture", "zeroshot_classification", "test", n_test + n_train)
+    rows = np.stack([np.asarray(ds.load_image(i).resize((32, 32))).transpose(2, 0, 1).reshape(-1)
+                     for i in range(len(ds))]).astype(np.uint8)
+    labels = [int(x) % n_classes for x in ds.labels]
+    names = [f"class {i}" for i in range(n_classes)]
+    key = "labels" if name == "cifar10" else "fine_labels"
+
+    def dump(file, lo, hi):
+        with open(folder / file, "wb") as f:
+            pickle.dump({"data": rows[lo:hi], key: labels[lo:hi]}, f)
+
+    if name == "cifar10":
+        dump("test_batch", 0, n_test)
+        per = n_train // 5
+        for b in range(5):
+            dump(f"data_batch_{b + 1}", n_test + b * per, n_test + (b + 1) * per)
+        meta = {"label_names": names}
+        meta_file = "batches.meta"
+    else:
+        dump("test", 0, n_test)
+        dump("train", n_test, n_test + n_train)
+        meta = {"fine_label_names": names, "coarse_label_names": ["all"]}
+        meta_file = "meta"
+    with open(folder / meta_file, "wb") as f:
+        pickle.dump(meta, f)
+    return root
+
+
+@pytest.fixture
+def no_md5_check(monkeypatch):
+    """torchvision checks the real archives' MD5 sums; generated files in their layout are not those."""
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "_check_integrity", lambda self: True)
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda path, md5=None: True)
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100"])
+@pytest.mark.parametrize("split", ["test", "train"])
+def test_cifar_equals_clip_benchmark(tmp_path, tiny_model_dir, no_md5_check, name, split):
+    root = write_cifar(tmp_path / "data", name)
+    model, _, transform = open_clip.create_model_and_transforms(f"local-dir:{tiny_model_dir}", device="cpu")
+    model.eval()
+    ds = build_dataset(dataset_name=name, root=str(root), transform=transform, split=split, download=False)
+    loader = torch.utils.data.DataLoader(ds, batch_size=16, shuffle=False, num_workers=0)
+    theirs = zeroshot_classification.evaluate(model, loader, open_clip.get_tokenizer(f"local-dir:{tiny_model_dir}"),
+                                              ds.classes, ds.templates, "cpu", amp=False)
+    ours_ds = open_dataset(name, str(root), split, None)
+    assert ours_ds.prompts.classnames == ds.classes and ours_ds.prompts.templates == ds.templates
+    assert ours_ds.labels.tolist() == list(ds.targets)
+    memo = FileHashMemo(None)
+    session = ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo), torch.device("cpu"),
+                           amp=False, precision="fp32")
+    scored = evaluate_one("zeroshot_classification", session, DataSource(name, str(root), split), EmbeddingStore(
+        tmp_path / "cache"), memo, encode=EncodeSettings(16, 2), score=ScoreSettings(batch_size=16))
+    for key, value in theirs.items():
+        if isinstance(value, float) and np.isnan(value):
+            assert np.isnan(scored.metrics[key])
+        else:
+            assert scored.metrics[key] == value, key
+
+
+def test_missing_and_damaged_cifar_files_are_named(tmp_path):
+    with pytest.raises(DatasetError, match=r"cifar-10-batches-py/batches.meta not found \(clip_benchmark gets it "
+                                           r"through torchvision from https://www.cs.toronto.edu"):
+        open_dataset("cifar10", str(tmp_path), "test", None)
+    root = write_cifar(tmp_path / "data")
+    (root / "cifar-10-batches-py" / "test_batch").write_bytes(b"not a pickle")
+    with pytest.raises(DatasetError, match="test_batch is not a CIFAR pickle"):
+        open_dataset("cifar10", str(root), "test", None)
+    with pytest.raises(DatasetError, match="has the splits train and test"):
+        open_dataset("cifar10", str(root), "val", None)
+    with pytest.raises(DatasetError, match="needs --dataset_root"):
+        open_dataset("cifar10", None, "test", None)
+
+
+def test_limit_reads_the_first_images_in_file_order(tmp_path):
+    root = write_cifar(tmp_path / "data")
+    full, first = open_dataset("cifar10", str(root), "train", None), open_dataset("cifar10", str(root), "train", 7)
+    assert len(first) == 7 and np.array_equal(first.pixels, full.pixels[:7])
