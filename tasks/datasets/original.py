@@ -27,13 +27,22 @@ from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset
 
 PROMPTS = Path(__file__).with_name("prompts") / "clip_benchmark.json"
+@dataclass(frozen=True)
+class CifarLayout:
+    folder: str
+    splits: dict[str, tuple[str, ...]]
+    meta: str
+    names: str
+    labels: str
+    url: str
+
+
 CIFAR = {
-    "cifar10": {"folder": "cifar-10-batches-py", "train": [f"data_batch_{i}" for i in range(1, 6)],
-                "test": ["test_batch"], "meta": "batches.meta", "names": "label_names", "labels": "labels",
-                "url": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"},
-    "cifar100": {"folder": "cifar-100-python", "train": ["train"], "test": ["test"], "meta": "meta",
-                 "names": "fine_label_names", "labels": "fine_labels",
-                 "url": "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"},
+    "cifar10": CifarLayout("cifar-10-batches-py", {"train": tuple(f"data_batch_{i}" for i in range(1, 6)),
+                                                   "test": ("test_batch",)}, "batches.meta", "label_names", "labels",
+                           "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"),
+    "cifar100": CifarLayout("cifar-100-python", {"train": ("train",), "test": ("test",)}, "meta", "fine_label_names",
+                            "fine_labels", "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"),
 }
 
 
@@ -84,21 +93,21 @@ def load_cifar(name: str, root: Path, split: str, limit: int | None) -> ArrayIma
     spec = CIFAR[name]
     if split not in ("train", "test"):
         raise DatasetError(f"dataset {name!r} has the splits train and test (asked for {split!r})")
-    folder = Path(root) / spec["folder"]
-    files = [folder / f for f in spec[split]]
-    meta = _unpickle(folder / spec["meta"], name, spec["url"])
-    classnames = meta.get(spec["names"])
+    folder = Path(root) / spec.folder
+    files = [folder / f for f in spec.splits[split]]
+    meta = _unpickle(folder / spec.meta, name, spec.url)
+    classnames = meta.get(spec.names)
     if not isinstance(classnames, list) or not classnames:
-        raise DatasetError(f"dataset {name!r}: {folder / spec['meta']} has no {spec['names']!r}")
+        raise DatasetError(f"dataset {name!r}: {folder / spec.meta} has no {spec.names!r}")
     pixels, labels, read = [], [], []
     for path in files:
-        batch = _unpickle(path, name, spec["url"])
+        batch = _unpickle(path, name, spec.url)
         try:
             data = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-            targets = np.asarray(batch[spec["labels"]], dtype=np.int64)
+            targets = np.asarray(batch[spec.labels], dtype=np.int64)
         except (KeyError, ValueError) as e:
             raise DatasetError(f"dataset {name!r}: {path} does not hold 'data' rows of 3,072 bytes and "
-                               f"{spec['labels']!r} ({type(e).__name__}: {e})") from e
+                               f"{spec.labels!r} ({type(e).__name__}: {e})") from e
         if len(data) != len(targets):
             raise DatasetError(f"dataset {name!r}: {path} has {len(data)} images and {len(targets)} labels")
         pixels.append(data)
@@ -110,7 +119,7 @@ def load_cifar(name: str, root: Path, split: str, limit: int | None) -> ArrayIma
     bad = np.flatnonzero((all_labels < 0) | (all_labels >= len(classnames)))
     if len(bad):
         raise DatasetError(f"dataset {name!r}: image {int(bad[0])} has label {int(all_labels[bad[0]])}, outside the "
-                           f"{len(classnames)} classes of {folder / spec['meta']}")
+                           f"{len(classnames)} classes of {folder / spec.meta}")
     prompts = ClassPrompts([str(c) for c in classnames], templates_for(name, "en"), "en", str(folder))
     return ArrayImages(name=name, split=split, task="zeroshot_classification", labels=all_labels, prompts=prompts,
                        pixels=all_pixels, files=read, layout=f"torchvision-{name}")
