@@ -19,7 +19,7 @@ from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.datasets import open_dataset
 from clipcache.tasks.encode.stage import ModelSession
 from clipcache.tasks.evaluation import evaluate_one
-from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, ScoreSettings
+from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, PromptSettings, ScoreSettings
 from clipcache.tasks.models.resolve import resolve_model
 from clipcache.tasks.models.spec import ModelSpec
 
@@ -109,3 +109,61 @@ def test_limit_reads_the_first_images_in_file_order(tmp_path):
     root = write_cifar(tmp_path / "data")
     full, first = open_dataset("cifar10", str(root), "train", None), open_dataset("cifar10", str(root), "train", 7)
     assert len(first) == 7 and np.array_equal(first.pixels, full.pixels[:7])
+
+
+def write_imagenet(root, per_class=1):
+    """torchvision's ImageNet layout: meta.bin beside val/<wnid>/, every one of the 1,000 class folders non-empty
+    (as torchvision requires); shapes images, one per class."""
+    from clipcache.tasks.datasets import shapes
+    from clipcache.tasks.datasets.original import imagenet_wnids
+
+    wnids = imagenet_wnids()
+    ds = shapes.load_shapes("fixture", "zeroshot_classification", "test", 1200)
+    for c, wnid in enumerate(wnids):
+        (root / "val" / wnid).mkdir(parents=True)
+        for j in range(per_class):
+            ds.load_image((c * per_class + j) % len(ds)).resize((32, 32)).save(
+                root / "val" / wnid / f"ILSVRC2012_val_{c:05d}{j}.JPEG", format="JPEG", quality=90)
+    torch.save(({w: (f"class {i}",) for i, w in enumerate(wnids)}, []), root / "meta.bin")
+    return root
+
+
+@pytest.mark.slow  # 1,000 class folders, encoded by both tools
+def test_imagenet_folder_equals_clip_benchmark(tmp_path, tiny_model_dir):
+    """Both score with the first two of the 80 ImageNet templates (both tools' own lists are checked equal): 2,000
+    prompts instead of 80,000 keep this test to seconds."""
+    root = write_imagenet(tmp_path / "imagenet")
+    model, _, transform = open_clip.create_model_and_transforms(f"local-dir:{tiny_model_dir}", device="cpu")
+    model.eval()
+    ds = build_dataset(dataset_name="imagenet1k", root=str(root), transform=transform, split="test", download=False)
+    loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=False, num_workers=0)
+    theirs = zeroshot_classification.evaluate(model, loader, open_clip.get_tokenizer(f"local-dir:{tiny_model_dir}"),
+                                              ds.classes, ds.templates[:2], "cpu", amp=False)
+    ours_ds = open_dataset("imagenet1k", str(root), "test", None)
+    assert ours_ds.prompts.classnames == ds.classes and ours_ds.prompts.templates == ds.templates
+    assert ours_ds.labels.tolist() == list(ds.targets)
+    assert [p.name for p in ours_ds.paths] == [p.rsplit("/", 1)[-1] for p, _ in ds.samples]
+    memo = FileHashMemo(None)
+    session = ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo), torch.device("cpu"),
+                           amp=False, precision="fp32")
+    (tmp_path / "two.txt").write_text("\n".join(ds.templates[:2]) + "\n")
+    scored = evaluate_one("zeroshot_classification", session, DataSource("imagenet1k", str(root)),
+                          EmbeddingStore(tmp_path / "cache"), memo, encode=EncodeSettings(64, 2),
+                          score=ScoreSettings(batch_size=64), prompts=PromptSettings(templates=str(tmp_path / "two.txt")))
+    assert scored.metrics == theirs
+
+
+def test_a_plain_val_folder_with_some_classes_keeps_the_1000_class_indices(tmp_path):
+    from clipcache.tasks.datasets.original import imagenet_wnids
+
+    wnids = imagenet_wnids()
+    for wnid in (wnids[3], wnids[998]):
+        (tmp_path / "val" / wnid).mkdir(parents=True)
+        from PIL import Image
+
+        Image.new("RGB", (8, 8)).save(tmp_path / "val" / wnid / "a.png")
+    ds = open_dataset("imagenet1k", str(tmp_path), "test", None)
+    assert ds.labels.tolist() == [3, 998] and len(ds.prompts.classnames) == 1000
+    (tmp_path / "val" / "n99999999").mkdir()
+    with pytest.raises(DatasetError, match="n99999999 is not an ImageNet-1k WordNet id folder"):
+        open_dataset("imagenet1k", str(tmp_path), "test", None)

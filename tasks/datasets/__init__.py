@@ -125,7 +125,13 @@ def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | N
 
     bare = name[len(WDS_PREFIX):] if name.startswith(WDS_PREFIX) else name
     if dataset_root:
-        return load_webdataset(name, format_root(dataset_root, bare), split, limit)
+        root = format_root(dataset_root, bare)
+        if name == "imagenet1k":  # torchvision's layout (val/<wnid>/) rather than webdataset shards
+            from clipcache.tasks.datasets.original import is_imagenet_folder, load_imagenet_folder
+
+            if is_imagenet_folder(root, split):
+                return load_imagenet_folder(name, root, split, limit)
+        return load_webdataset(name, root, split, limit)
     if cache_dir is None:
         raise DatasetError(f"dataset {name!r} needs --dataset_root (a local folder in the clip_benchmark webdataset "
                            f"layout) or a cache_dir to download it into")

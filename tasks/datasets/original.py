@@ -123,3 +123,70 @@ def load_cifar(name: str, root: Path, split: str, limit: int | None) -> ArrayIma
     prompts = ClassPrompts([str(c) for c in classnames], templates_for(name, "en"), "en", str(folder))
     return ArrayImages(name=name, split=split, task="zeroshot_classification", labels=all_labels, prompts=prompts,
                        pixels=all_pixels, files=read, layout=f"torchvision-{name}")
+
+
+# -- ImageNet-1k: torchvision's ImageNet layout (meta.bin + val/<wnid>/) or a plain val/<wnid>/ folder -----------------
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+WNIDS = Path(__file__).with_name("prompts") / "imagenet_wnids.json"
+
+
+@cache
+def imagenet_wnids() -> list[str]:
+    return list(json.loads(WNIDS.read_text(encoding="utf-8"))["wnids"])
+
+
+@dataclass
+class FolderImages(EvalDataset):
+    paths: list[Path] = field(default_factory=list)
+    root: Path = Path(".")
+    layout: str = ""
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def identity(self, memo: FileHashMemo) -> dict[str, Any]:
+        return {"format": self.layout, "images": memo.fingerprint(self.paths, root=self.root)}
+
+    def describe(self, index: int) -> str:
+        return str(self.paths[index])
+
+    def read_image_bytes(self, index: int) -> bytes:
+        return self.paths[index].read_bytes()
+
+
+def is_imagenet_folder(root: Path, split: str) -> bool:
+    folder = Path(root) / ("train" if split == "train" else "val")
+    known = set(imagenet_wnids())
+    return folder.is_dir() and any(p.is_dir() and p.name in known for p in folder.iterdir())
+
+
+def load_imagenet_folder(name: str, root: Path, split: str, limit: int | None) -> FolderImages:
+    """Images in ImageFolder's order (classes by sorted WordNet id, files sorted within each), labels the class index
+    of each folder's WordNet id among the 1,000; clip_benchmark's 1,000 class names and its ImageNet templates.
+    clip_benchmark's ``test`` split is torchvision's ``val`` folder (its ``train`` the ``train`` folder)."""
+    from clipcache.tasks.datasets.languages import imagenet_prompts
+
+    folder = Path(root) / ("train" if split == "train" else "val")
+    if split not in ("train", "test", "val"):
+        raise DatasetError(f"dataset {name!r} has the splits train and test (val/) (asked for {split!r})")
+    index = {w: i for i, w in enumerate(imagenet_wnids())}
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    unknown = [c for c in classes if c not in index]
+    if unknown:
+        raise DatasetError(f"dataset {name!r}: {folder / unknown[0]} is not an ImageNet-1k WordNet id folder "
+                           f"(expected n01440764 ... n15075141)")
+    paths: list[Path] = []
+    labels: list[int] = []
+    for wnid in classes:
+        files = sorted(f for f in (folder / wnid).iterdir() if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file())
+        paths += files
+        labels += [index[wnid]] * len(files)
+        if limit is not None and len(paths) >= limit:
+            break
+    if not paths:
+        raise DatasetError(f"dataset {name!r}: no images under {folder}/<wnid>/")
+    en = imagenet_prompts()["en"]
+    prompts = ClassPrompts(list(en["classnames"]), list(en["templates"]), "en", str(folder))
+    return FolderImages(name=name, split=split, task="zeroshot_classification",
+                        labels=np.asarray(labels[:limit], dtype=np.int64), prompts=prompts, paths=paths[:limit],
+                        root=folder, layout="imagenet-folder", languages=tuple(sorted(imagenet_prompts())))
