@@ -180,8 +180,9 @@ class EvaluateParams(BaseModel):
         return self
 
     # -- what each stage gets --------------------------------------------------------------------------------------
-    def source(self, dataset: str, data_dir: str) -> DataSource:
-        return DataSource(dataset, self.dataset_root, self.split, self.limit, self.hub, data_dir, self.offline)
+    def source(self, dataset: str, data_dir: str, language: str = "en") -> DataSource:
+        return DataSource(dataset, self.dataset_root, self.split, self.limit, self.hub, data_dir, self.offline,
+                          language)
 
     def encode_settings(self, cached_only: bool) -> EncodeSettings:
         return EncodeSettings(self.batch_size, self.num_workers, self.on_bad_image, cached_only, self.train_split,

@@ -125,7 +125,7 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
     task = choose_task(params, dataset)
     label = f"{spec.display_name}{'@' + session.resolved.checkpoint_label if session.resolved.checkpoint_label else ''}"
     where = f"{label}-{dataset}" + (f"-{language}" if len(params.language) > 1 else "")
-    source = params.source(dataset, ctx.data_dir)
+    source = params.source(dataset, ctx.data_dir, language)
     prepared = stages.run("prepare", f"prepare-{where}", task.prepare, source, params.prompt_settings(language),
                           ctx.progress)
     results: list[PairResult] = []

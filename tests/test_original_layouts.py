@@ -167,3 +167,59 @@ def test_a_plain_val_folder_with_some_classes_keeps_the_1000_class_indices(tmp_p
     (tmp_path / "val" / "n99999999").mkdir()
     with pytest.raises(DatasetError, match="n99999999 is not an ImageNet-1k WordNet id folder"):
         open_dataset("imagenet1k", str(tmp_path), "test", None)
+
+
+def write_flickr(root, name="flickr30k", n=24):
+    """Images + clip_benchmark's Karpathy caption file (and a _zh one): 1-3 shapes captions per image, some
+    containing commas, repeated across images as real captions are."""
+    from clipcache.tasks.datasets import shapes
+
+    ds = shapes.load_shapes("fixture", "zeroshot_retrieval", "test", n)
+    root.mkdir(parents=True)
+    en, zh = ["image,caption"], ["image,caption"]
+    for i in range(n):
+        ds.load_image(i).save(root / f"{1000 + i}.jpg", quality=95)
+        for j, caption in enumerate(ds.captions[i]):
+            en.append(f"{1000 + i}.jpg,{caption}" + (", seen from afar" if j == 1 else ""))
+            zh.append(f"{1000 + i}.jpg,图片 {caption}")
+    (root / f"{name}_test_karpathy.txt").write_text("\n".join(en) + "\n")
+    (root / f"{name}_test_zh.txt").write_text("\n".join(zh) + "\n", encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize("name, language", [("flickr30k", "en"), ("flickr8k", "zh")])
+def test_flickr_karpathy_files_equal_clip_benchmark(tmp_path, tiny_model_dir, name, language):
+    from clip_benchmark.datasets.builder import get_dataset_collate_fn
+    from clip_benchmark.metrics import zeroshot_retrieval
+
+    root = write_flickr(tmp_path / name, name)
+    model, _, transform = open_clip.create_model_and_transforms(f"local-dir:{tiny_model_dir}", device="cpu")
+    model.eval()
+    ds = build_dataset(dataset_name=name, root=str(root), transform=transform, split="test", download=False,
+                       task="zeroshot_retrieval", language=language)
+    loader = torch.utils.data.DataLoader(ds, batch_size=16, shuffle=False, num_workers=0,
+                                         collate_fn=get_dataset_collate_fn(name))
+    theirs = zeroshot_retrieval.evaluate(model, loader, open_clip.get_tokenizer(f"local-dir:{tiny_model_dir}"),
+                                         "cpu", amp=False, recall_k_list=[1, 5, 10])
+    ours_ds = open_dataset(name, str(root), "test", None, language=language)
+    assert ours_ds.captions == [c for _, c in ds.data] and set(ours_ds.languages) == {"en", "zh"}
+    memo = FileHashMemo(None)
+    session = ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo), torch.device("cpu"),
+                           amp=False, precision="fp32")
+    scored = evaluate_one("zeroshot_retrieval", session, DataSource(name, str(root), language=language),
+                          EmbeddingStore(tmp_path / "cache"), memo, encode=EncodeSettings(16, 2),
+                          score=ScoreSettings(recall_k=(1, 5, 10), batch_size=16),
+                          prompts=PromptSettings(language=language))
+    assert scored.metrics == theirs
+
+
+def test_flickr_missing_files_are_named(tmp_path):
+    root = write_flickr(tmp_path / "flickr30k")
+    with pytest.raises(DatasetError, match=r"flickr30k_val_karpathy.txt not found \(clip_benchmark downloads it "
+                                           r"from https://github.com/mehdidc/retrieval_annotations"):
+        open_dataset("flickr30k", str(root), "val", None)
+    (root / "1003.jpg").unlink()
+    with pytest.raises(DatasetError, match=r"image .*1003.jpg \(named in flickr30k_test_karpathy.txt\) not found"):
+        open_dataset("flickr30k", str(root), "test", None)
+    with pytest.raises(DatasetError, match="language: 'fr' is not available"):
+        open_dataset("flickr30k", str(root), "test", None, language="fr")

@@ -115,12 +115,18 @@ def default_task(name: str, dataset_root: str | None) -> str:
 
 
 def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | None, *, hub: str = "huggingface",
-                 cache_dir: str | None = None, offline: bool = False, progress=None) -> EvalDataset:
-    """Index a dataset. Hosted names without ``dataset_root`` are fetched from ``hub`` into ``cache_dir`` first."""
+                 cache_dir: str | None = None, offline: bool = False, progress=None,
+                 language: str = "en") -> EvalDataset:
+    """Index a dataset. Hosted names without ``dataset_root`` are fetched from ``hub`` into ``cache_dir`` first.
+    ``language`` reaches the readers that take it (files that differ by language, e.g. Flickr's ``_zh`` captions)."""
     check_name(name)
     if name in DATASETS:
+        import inspect
+
         root = format_root(dataset_root, name) if dataset_root else None
-        return get_reader(name)(name, root, split, limit)
+        reader = get_reader(name)
+        takes_language = "language" in inspect.signature(reader).parameters
+        return reader(name, root, split, limit, **({"language": language} if takes_language else {}))
     from clipcache.tasks.datasets.wds import load_webdataset
 
     bare = name[len(WDS_PREFIX):] if name.startswith(WDS_PREFIX) else name
@@ -131,6 +137,11 @@ def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | N
 
             if is_imagenet_folder(root, split):
                 return load_imagenet_folder(name, root, split, limit)
+        if name in ("flickr30k", "flickr8k"):  # images + clip_benchmark's Karpathy-split caption files
+            from clipcache.tasks.datasets.original import is_flickr_folder, load_flickr
+
+            if is_flickr_folder(name, root):
+                return load_flickr(name, root, split, limit, language=language)
         return load_webdataset(name, root, split, limit)
     if cache_dir is None:
         raise DatasetError(f"dataset {name!r} needs --dataset_root (a local folder in the clip_benchmark webdataset "

@@ -190,3 +190,59 @@ def load_imagenet_folder(name: str, root: Path, split: str, limit: int | None) -
     return FolderImages(name=name, split=split, task="zeroshot_classification",
                         labels=np.asarray(labels[:limit], dtype=np.int64), prompts=prompts, paths=paths[:limit],
                         root=folder, layout="imagenet-folder", languages=tuple(sorted(imagenet_prompts())))
+
+
+# -- Flickr30k / Flickr8k: images + clip_benchmark's Karpathy-split caption files --------------------------------------
+FLICKR_ANNOTATIONS = "https://github.com/mehdidc/retrieval_annotations/releases/download/1.0.0/{file}"
+FLICKR_FILES = {"en": "{name}_{split}_karpathy.txt", "zh": "{name}_{split}_zh.txt"}
+
+
+def is_flickr_folder(name: str, root: Path) -> bool:
+    return any(Path(root).glob(f"{name}_*_karpathy.txt")) or any(Path(root).glob(f"{name}_*_zh.txt"))
+
+
+@dataclass
+class CaptionedImages(FolderImages):
+    annotation: Path = Path(".")
+
+    def identity(self, memo: FileHashMemo) -> dict[str, Any]:
+        return {**super().identity(memo), "captions": memo.sha256(self.annotation)}
+
+
+def load_flickr(name: str, root: Path, split: str, limit: int | None, *, language: str = "en") -> CaptionedImages:
+    """clip_benchmark's Flickr reader: a header line, then ``<image>.jpg,<caption>`` lines (split at the first
+    ``.jpg,``); images in the order they first appear, each with its captions in file order; images under root."""
+    root = Path(root)
+    if language not in FLICKR_FILES:
+        raise DatasetError(f"language: {language!r} is not available for dataset {name!r} (available: "
+                           f"{', '.join(FLICKR_FILES)})")
+    file = FLICKR_FILES[language].format(name=name, split=split)
+    annotation = root / file
+    if not annotation.is_file():
+        raise DatasetError(f"dataset {name!r}: {annotation} not found (clip_benchmark downloads it from "
+                           f"{FLICKR_ANNOTATIONS.format(file=file)})")
+    captions: dict[str, list[str]] = {}
+    try:
+        lines = annotation.read_text(encoding="utf-8").splitlines()[1:]
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{annotation}: not UTF-8 text (byte {e.start + 1})") from e
+    for n, line in enumerate(lines, start=2):
+        line = line.strip()
+        if not line:
+            continue
+        image, sep, caption = line.partition(".jpg,")
+        if not sep:
+            raise DatasetError(f"{annotation} line {n}: expected <image>.jpg,<caption>")
+        captions.setdefault(image + ".jpg", []).append(caption)
+    items = list(captions.items())[:limit]
+    paths = [root / image for image, _ in items]
+    missing = next((p for p in paths if not p.is_file()), None)
+    if missing is not None:
+        raise DatasetError(f"dataset {name!r}: image {missing} (named in {annotation.name}) not found")
+    if not items:
+        raise DatasetError(f"dataset {name!r}: {annotation} lists no images")
+    languages = tuple(lang for lang, pattern in FLICKR_FILES.items()
+                      if (root / pattern.format(name=name, split=split)).is_file())
+    return CaptionedImages(name=name, split=split, task="zeroshot_retrieval", captions=[c for _, c in items],
+                           paths=paths, root=root, layout=f"flickr-{language}", annotation=annotation,
+                           languages=languages)
