@@ -112,6 +112,21 @@ def test_repo_prefect_yaml_declares_the_three_deployments():
         assert list(d._parameter_openapi_schema.properties) == ["params"] and d.enforce_parameter_schema
 
 
+def test_every_file_prefect_yaml_names_exists_and_the_suite_validates():
+    from clipcache.flows.deployments import load_suite, read_deployments
+
+    named = []
+    for d in read_deployments(REPO / "prefect.yaml"):
+        named.append(d["entrypoint"].partition(":")[0])
+        params = (d.get("parameters") or {}).get("params") or {}
+        named += [v for k, v in params.items() if k == "suite"]
+    assert named and all((REPO / f).is_file() for f in named), [f for f in named if not (REPO / f).is_file()]
+    for d in read_deployments(REPO / "prefect.yaml"):
+        suite = ((d.get("parameters") or {}).get("params") or {}).get("suite")
+        if suite:
+            assert load_suite(str(REPO / suite), {})  # every pair in it validates
+
+
 def test_suite_errors_name_the_file_and_field(tmp_path):
     from clipcache.flows.deployments import load_suite
     from clipcache.storage.errors import ConfigError
