@@ -160,9 +160,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.full)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def s3_endpoint():
-    """A real S3 HTTP API (moto's server) on 127.0.0.1; clients find it through AWS_ENDPOINT_URL, as users would."""
+    """A real S3 HTTP API (moto's server) on 127.0.0.1; clients find it through AWS_ENDPOINT_URL, as users would.
+    One for the whole session: s3fs caches its file systems per process, endpoint included, so a second server
+    would be invisible to clients made for the first (each test makes its own bucket)."""
     import logging
 
     from moto.server import ThreadedMotoServer
