@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from clipcache.storage.atomic import process_alive
 from clipcache.storage.errors import ConfigError
 
 STATE_FILE = "clipcache-server.json"
@@ -57,16 +58,6 @@ def healthy(api_url: str, timeout: float = 1.0) -> bool:
             return response.status == 200
     except OSError:
         return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _die_with_parent() -> None:
@@ -116,7 +107,7 @@ def running() -> ServerInfo | None:
         info = ServerInfo(state["url"], int(state["pid"]), state.get("log", ""))
     except (OSError, ValueError, KeyError):
         return None
-    return info if _alive(info.pid) and healthy(info.url, timeout=0.5) else None
+    return info if process_alive(info.pid) and healthy(info.url, timeout=0.5) else None
 
 
 def start(port: int | None = None) -> ServerInfo:
@@ -140,7 +131,7 @@ def stop() -> ServerInfo | None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(info.pid, signal.SIGTERM)
     for _ in range(100):
-        if not _alive(info.pid):
+        if not process_alive(info.pid):
             break
         time.sleep(0.1)
     else:
@@ -171,7 +162,7 @@ def private_server() -> Iterator[str]:
     log = prefect_home() / f"clipcache-private-{os.getpid()}.log"
     for stale in log.parent.glob("clipcache-private-*.log"):  # left by CLIs that were killed
         pid = stale.stem.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             stale.unlink(missing_ok=True)
     process = _spawn(port, log, private=True)
     try:

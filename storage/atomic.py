@@ -26,7 +26,8 @@ def _temp_name(path: Path) -> str:
     return f".{path.name}.{_HOST}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process of this host has that pid (signal 0: exists; EPERM: exists, someone else's)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -45,7 +46,7 @@ def sweep_stale(folder: Path) -> int:
         return 0
     for candidate in candidates:
         parts = candidate.name.rsplit(".", 4)  # [".<name>", host, pid, random, "tmp"]
-        if len(parts) != 5 or parts[1] != _HOST or not parts[2].isdigit() or _alive(int(parts[2])):
+        if len(parts) != 5 or parts[1] != _HOST or not parts[2].isdigit() or process_alive(int(parts[2])):
             continue
         try:
             if candidate.is_dir() and not candidate.is_symlink():

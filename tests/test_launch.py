@@ -123,6 +123,6 @@ def test_background_server_start_a_run_that_reports_to_it_and_stop(tmp_path):
     finally:
         stopped = subprocess.run([str(exe), "server", "stop"], capture_output=True, text=True, env=env, timeout=60)
     assert stopped.returncode == 0 and str(state["pid"]) in stopped.stdout
-    assert not prefect_server._alive(state["pid"])
+    assert not prefect_server.process_alive(state["pid"])
     status = subprocess.run([str(exe), "server", "status"], capture_output=True, text=True, env=env, timeout=60)
     assert status.returncode == 3 and "not running" in status.stdout
