@@ -56,10 +56,6 @@ class EvaluateParams(BaseModel):
     retrieval_metrics: list[RetrievalMetric] = Field(
         default_factory=lambda: list[RetrievalMetric](["recall"]), min_length=1,
         description="retrieval metric families: recall@k (clip_benchmark's), mrr@k, ndcg@k, rank (mean/median)")
-    caption_batches: Literal["distinct", "clip_benchmark"] = Field(
-        "distinct", description="retrieval captions: distinct (each distinct text encoded once; fastest) or "
-                                "clip_benchmark (every caption, in clip_benchmark's text batches: its numbers exactly "
-                                "where a text tower is not batch-invariant)")
     ties: Literal["topk", "stable"] = Field(
         "topk", description="retrieval ties: topk keeps what torch.topk keeps, as clip_benchmark (default); stable "
                             "ranks equal scores by index, independent of the order of the data")
@@ -190,7 +186,7 @@ class EvaluateParams(BaseModel):
 
     def encode_settings(self, cached_only: bool) -> EncodeSettings:
         return EncodeSettings(self.batch_size, self.num_workers, self.on_bad_image, cached_only, self.train_split,
-                              self.val_split, self.caption_batches)
+                              self.val_split)
 
     def score_settings(self, device: str) -> list[ScoreSettings]:
         """One ScoreSettings per variant the run asks for: several --fewshot_k values give one each (tasks that do

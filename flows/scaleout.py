@@ -127,8 +127,7 @@ class ShardedEncoder:
         """The image (and caption) entries of one pair over the task runner; what is cached already is left to the
         task's own encode step, which finds it there."""
         dataset: EvalDataset = prepared.data
-        roles = [role for role in task.needs if role in SHARDABLE_ROLES
-                 and (role != "caption" or self.params.caption_batches == "distinct")]  # clip_benchmark's batches: whole
+        roles = [role for role in task.needs if role in SHARDABLE_ROLES]
         if not roles or not isinstance(dataset, EvalDataset):
             return {}
         identity = dataset.identity(memo)

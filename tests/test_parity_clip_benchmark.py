@@ -107,33 +107,3 @@ def test_retrieval_with_repeated_captions_equals_clip_benchmarks_topk_choice(tmp
     assert sum(ours.tied.values()) > 0  # the data has ties that topk decides
     stable = clipcache_scored(tmp_path, root, batch_size=64, ties="stable", device=device).metrics
     assert stable != theirs  # ... and the stable rule decides them otherwise, as documented
-
-
-def test_caption_batches_clip_benchmark_encodes_every_caption_in_its_batches(tmp_path, tiny_model_dir,
-                                                                             wds_retrieval, monkeypatch):
-    """--caption_batches clip_benchmark: one row per caption, encoded in the peer's text batches (the captions of
-    each batch of images), so a text tower that is not batch-invariant gives the peer's vectors; equal numbers."""
-    from clipcache.tasks.models.base import TwoTowerModel
-
-    theirs = clip_benchmark_metrics(tiny_model_dir, wds_retrieval, "zeroshot_retrieval", batch_size=16)
-    sizes: list[int] = []
-    encode_texts = TwoTowerModel.encode_texts
-    monkeypatch.setattr(TwoTowerModel, "encode_texts", lambda self, texts: sizes.append(len(texts)) or
-                        encode_texts(self, texts))
-    memo = FileHashMemo(None)
-    session = ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo), torch.device("cpu"),
-                           amp=False, precision="fp32")
-    scored = evaluate_one("zeroshot_retrieval", session, DataSource("wds/fixture", str(wds_retrieval)),
-                          EmbeddingStore(tmp_path / "cache"), memo,
-                          encode=EncodeSettings(16, 2, caption_batches="clip_benchmark"),
-                          score=ScoreSettings(batch_size=16))
-    assert_same(scored.metrics, theirs)
-    from clipcache.tasks.datasets import open_dataset
-
-    ds = open_dataset("wds/fixture", str(wds_retrieval), "test", None)
-    per_batch = [sum(len(c) for c in ds.captions[i:i + 16]) for i in range(0, len(ds), 16)]
-    assert sizes == per_batch  # the peer's text batches, one per batch of 16 images
-    store = EmbeddingStore(tmp_path / "cache")
-    [captions] = [store.open(k) for k in store.keys() if store.open(k).kind == "caption"]
-    assert captions.count == sum(len(c) for c in ds.captions)  # every occurrence, not each distinct text
-    assert captions.attrs["key_fields"]["layout"] == "clip_benchmark:16"

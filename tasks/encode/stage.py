@@ -73,17 +73,11 @@ def image_key_fields(session: ModelSession, dataset_identity: dict[str, Any], sp
             "dataset": dataset_identity, "split": split, "limit": limit}
 
 
-def caption_key_fields(session: ModelSession, dataset_identity: dict[str, Any], split: str, limit: int | None,
-                       layout: str = "distinct") -> dict:
+def caption_key_fields(session: ModelSession, dataset_identity: dict[str, Any], split: str, limit: int | None) -> dict:
     """Caption entries hold each distinct caption text once (``layout: distinct``) plus the caption -> row and
-    caption -> sample maps; ``clip_benchmark:<batch size>``: every caption occurrence, encoded in clip_benchmark's
-    text batches (the captions of each batch of images), whose vectors depend on that batch size."""
+    caption -> sample maps."""
     return {"role": "caption", "model": session.resolved.identity, "precision": session.precision,
-            "dataset": dataset_identity, "split": split, "limit": limit, "layout": layout}
-
-
-def caption_layout(settings: EncodeSettings) -> str:
-    return "distinct" if settings.caption_batches == "distinct" else f"clip_benchmark:{settings.batch_size}"
+            "dataset": dataset_identity, "split": split, "limit": limit, "layout": "distinct"}
 
 
 def require_cached(store: EmbeddingStore, fields: dict, what: str, missing: list[str]) -> bool:
@@ -245,9 +239,8 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
 
 def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore, key_fields: dict, *, kind: str,
                  batch_size: int, progress: StageProgress, label: str, aux_values: dict[str, np.ndarray] | None = None,
-                 meta: dict[str, Any] | None = None, extra_arrays: dict[str, np.ndarray] | None = None,
-                 batch_starts: list[int] | None = None) -> EncodeOutcome:
-    """``batch_starts``: where each forward pass begins (default: every ``batch_size`` texts)."""
+                 meta: dict[str, Any] | None = None,
+                 extra_arrays: dict[str, np.ndarray] | None = None) -> EncodeOutcome:
     if not texts:
         raise DatasetError(f"{label}: there are no {kind}s to encode")
     if store.has(entry_key(key_fields)):
@@ -262,11 +255,8 @@ def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore,
         plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
         with progress.track(f"encode {plural} {label}", len(texts), "txt") as advance:
             advance(start)
-            starts = batch_starts if batch_starts is not None else list(range(0, len(texts), batch_size))
-            bounds = [(lo, hi) for lo, hi in zip(starts, [*starts[1:], len(texts)], strict=True) if hi > lo]
-            for lo, hi in bounds:
-                if hi <= start:
-                    continue
+            for lo in range((start // batch_size) * batch_size, len(texts), batch_size):
+                hi = min(lo + batch_size, len(texts))
                 first = max(start, lo)  # same batches as an uninterrupted run; committed rows are dropped
                 writer.add(model.encode_texts(texts[lo:hi])[first - lo:], np.arange(first, hi, dtype=np.int64),
                            **{name: v[first:hi] for name, v in aux_values.items()})
@@ -289,21 +279,9 @@ def distinct_captions(dataset: EvalDataset) -> tuple[list[str], np.ndarray, np.n
 
 def encode_captions(session: ModelSession, dataset: EvalDataset, store: EmbeddingStore, key_fields: dict,
                     settings: EncodeSettings, progress: StageProgress) -> EncodeOutcome:
-    """The caption entry of a retrieval dataset: one row per distinct text, and the maps back to captions; with
-    ``caption_batches: clip_benchmark``, one row per caption, encoded in clip_benchmark's batches (the captions of
-    each ``batch_size`` images together), for numbers equal to its own where a text tower is not batch-invariant."""
-    batch_starts = None
-    if settings.caption_batches == "distinct":
-        texts, caption_row, caption_sample = distinct_captions(dataset)
-    else:
-        texts = [text for captions in dataset.captions for text in captions]
-        counts = np.asarray([len(c) for c in dataset.captions], dtype=np.int64)
-        caption_row = np.arange(len(texts), dtype=np.int64)
-        caption_sample = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-        offsets = np.concatenate([[0], np.cumsum(counts)])
-        batch_starts = [int(offsets[i]) for i in range(0, len(counts), settings.batch_size)]
+    """The caption entry of a retrieval dataset: one row per distinct text, and the maps back to captions."""
+    texts, caption_row, caption_sample = distinct_captions(dataset)
     return encode_texts(session, texts, store, key_fields, kind="caption", batch_size=settings.batch_size,
                         progress=progress, label=dataset.name,
                         meta={"dataset": dataset.name, "split": dataset.split, "captions": len(caption_row)},
-                        extra_arrays={"caption_row": caption_row, "caption_sample": caption_sample},
-                        batch_starts=batch_starts)
+                        extra_arrays={"caption_row": caption_row, "caption_sample": caption_sample})

@@ -63,7 +63,6 @@ class EncodeSettings:
     cached_only: bool = False  # rescore: everything but never-seen class prompts must come from the cache
     train_split: str = "train"  # linear_probe: the split it learns from ...
     val_split: str | None = None  # ... and the one it picks its weight decay on
-    caption_batches: str = "distinct"  # or "clip_benchmark": every caption, in its batches (see encode_captions)
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,11 @@ class ImageCaptionSelection(EvalTask):
         return Prepared(dataset, dataset.n_items, source)
 
     def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
-        from clipcache.tasks.encode.stage import caption_key_fields, caption_layout, check_cached, encode_captions
+        from clipcache.tasks.encode.stage import caption_key_fields, check_cached, encode_captions
 
         started = time.perf_counter()
         dataset, sharded = prepared.data, sharded or {}
-        caption_fields = caption_key_fields(session, dataset.identity(memo), dataset.split, prepared.source.limit,
-                                            caption_layout(settings))
+        caption_fields = caption_key_fields(session, dataset.identity(memo), dataset.split, prepared.source.limit)
         if settings.cached_only:
             check_cached(store, [(caption_fields, f"caption embeddings of {dataset.name}")])
         images = encode_split_images(session, dataset, store, memo, settings, progress, prepared.source.limit,

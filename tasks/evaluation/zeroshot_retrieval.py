@@ -26,7 +26,6 @@ class ZeroShotRetrieval(EvalTask):
     def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
         from clipcache.tasks.encode.stage import (
             caption_key_fields,
-            caption_layout,
             check_cached,
             encode_captions,
             encode_images,
@@ -38,8 +37,7 @@ class ZeroShotRetrieval(EvalTask):
         identity = dataset.identity(memo)
         memo.save()
         image_fields = image_key_fields(session, identity, dataset.split, prepared.source.limit)
-        caption_fields = caption_key_fields(session, identity, dataset.split, prepared.source.limit,
-                                            caption_layout(settings))
+        caption_fields = caption_key_fields(session, identity, dataset.split, prepared.source.limit)
         if settings.cached_only:
             check_cached(store, [(image_fields, f"image embeddings of {dataset.name}"),
                                  (caption_fields, f"caption embeddings of {dataset.name}")])
