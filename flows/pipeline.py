@@ -129,7 +129,7 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
     prepared = stages.run("prepare", f"prepare-{where}", task.prepare, source, params.prompt_settings(language),
                           ctx.progress)
     results: list[PairResult] = []
-    todo: list[tuple[PairResult, Experiment, ScoreSettings, str]] = []
+    pending: list[tuple[PairResult, Experiment, ScoreSettings, str]] = []
     variants: dict[str, tuple[Experiment, ScoreSettings]] = {}
     for settings in params.score_settings(str(session.device)):  # a task that ignores a setting: one experiment
         experiment = experiment_for(ctx, spec, session, task, prepared, language, settings)
@@ -150,8 +150,8 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
             log.info("%s: skipped, %s exists", name, found)
             result.status, result.files = "skipped", [str(found)]
             continue
-        todo.append((result, experiment, settings, name))
-    if not todo:
+        pending.append((result, experiment, settings, name))
+    if not pending:
         return results
     loads_before = session.loads
     sharded: dict[str, Any] = {}
@@ -165,7 +165,7 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
         raise ClipcacheError(f"{e}. Fill it with:\n  {eval_command(params, spec, dataset, language)}") from e
     encode_seconds = time.perf_counter() - started
     scores = []  # every variant is scored before any is written: a bad one (fewshot_k too large) writes nothing
-    for _, _, settings, name in todo:
+    for _, _, settings, name in pending:
         with ctx.progress.status(f"scoring {dataset} on {session.device}"):
             scores.append(stages.run("score", f"score-{name}", task.score, ctx.store, encoded, prepared, settings))
     dumps = {}  # clip_benchmark's --dump_classnames / --dump_templates: the prompts this evaluation used
@@ -173,7 +173,7 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
         dumps["classnames"] = list(prepared.prompts.classnames)
     if prepared.prompts is not None and params.dump_templates:
         dumps["templates"] = list(prepared.prompts.templates)
-    for (result, experiment, _, name), scored in zip(todo, scores, strict=True):
+    for (result, experiment, _, name), scored in zip(pending, scores, strict=True):
         files = stages.run("write-results", f"write-{name}", write_pair_results, ctx.run, spec, experiment,
                            model_fingerprint=session.resolved.fingerprint, metrics=scored.metrics, tied=scored.tied,
                            n_samples=scored.n_samples, cache_keys=encoded.cache_keys, output_dir=params.output_dir,

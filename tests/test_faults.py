@@ -184,12 +184,12 @@ def _descendants(pid: int) -> set[int]:
             children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
         except (OSError, IndexError, ValueError):
             continue
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
+    found, frontier = set(), [pid]
+    while frontier:
+        for child in children.get(frontier.pop(), []):
             if child not in found:
                 found.add(child)
-                todo.append(child)
+                frontier.append(child)
     return found
 
 

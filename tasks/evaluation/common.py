@@ -59,3 +59,32 @@ def class_prompts(dataset: EvalDataset, settings: PromptSettings) -> tuple[Class
         return own, True
     chosen = own.override(settings.classnames, settings.templates, dataset.name)
     return chosen, chosen.sha256 == own.sha256
+
+
+def encode_images_and_captions(session: Any, prepared: Any, store: Any, memo: Any, settings: EncodeSettings,
+                               progress: StageProgress, sharded: dict[str, Any] | None = None) -> Any:
+    """The image and caption entries of an image-text dataset (zero-shot retrieval, image-caption selection): from
+    ``sharded`` workers, the cache, or encoded now; with ``cached_only`` every missing one is named at once."""
+    import time
+
+    from clipcache.tasks.encode.stage import (
+        caption_key_fields,
+        check_cached,
+        encode_captions,
+        encode_images,
+        image_key_fields,
+    )
+    from clipcache.tasks.evaluation.base import Encoded
+
+    started = time.perf_counter()
+    dataset, sharded = prepared.data, sharded or {}
+    identity = dataset.identity(memo)
+    memo.save()
+    image_fields = image_key_fields(session, identity, dataset.split, prepared.source.limit)
+    caption_fields = caption_key_fields(session, identity, dataset.split, prepared.source.limit)
+    if settings.cached_only:
+        check_cached(store, [(image_fields, f"image embeddings of {dataset.name}"),
+                             (caption_fields, f"caption embeddings of {dataset.name}")])
+    images = sharded.get("image") or encode_images(session, dataset, store, image_fields, settings, progress)
+    captions = sharded.get("caption") or encode_captions(session, dataset, store, caption_fields, settings, progress)
+    return Encoded({"image": images, "caption": captions}, seconds=time.perf_counter() - started)

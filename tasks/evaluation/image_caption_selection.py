@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
-from clipcache.tasks.evaluation.base import Encoded, EvalTask, Prepared, Scored
-from clipcache.tasks.evaluation.common import check_language, encode_split_images, open_for
+from clipcache.tasks.evaluation.base import EvalTask, Prepared, Scored
+from clipcache.tasks.evaluation.common import check_language, encode_images_and_captions, open_for
 
 
 class ImageCaptionSelection(EvalTask):
@@ -29,18 +29,7 @@ class ImageCaptionSelection(EvalTask):
         return Prepared(dataset, dataset.n_items, source)
 
     def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
-        from clipcache.tasks.encode.stage import caption_key_fields, check_cached, encode_captions
-
-        started = time.perf_counter()
-        dataset, sharded = prepared.data, sharded or {}
-        caption_fields = caption_key_fields(session, dataset.identity(memo), dataset.split, prepared.source.limit)
-        if settings.cached_only:
-            check_cached(store, [(caption_fields, f"caption embeddings of {dataset.name}")])
-        images = encode_split_images(session, dataset, store, memo, settings, progress, prepared.source.limit,
-                                     sharded.get("image"))
-        captions = sharded.get("caption") or encode_captions(session, dataset, store, caption_fields, settings,
-                                                             progress)
-        return Encoded({"image": images, "caption": captions}, seconds=time.perf_counter() - started)
+        return encode_images_and_captions(session, prepared, store, memo, settings, progress, sharded)
 
     def score(self, store, encoded, prepared, settings):
         from clipcache.tasks.score.stage import score_selection

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from clipcache.tasks.evaluation.base import Encoded, EvalTask, Prepared, Scored
-from clipcache.tasks.evaluation.common import check_language, open_for
+from clipcache.tasks.evaluation.base import EvalTask, Prepared, Scored
+from clipcache.tasks.evaluation.common import check_language, encode_images_and_captions, open_for
 
 
 class ZeroShotRetrieval(EvalTask):
@@ -24,27 +24,7 @@ class ZeroShotRetrieval(EvalTask):
         return Prepared(dataset, len(dataset), source)
 
     def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
-        from clipcache.tasks.encode.stage import (
-            caption_key_fields,
-            check_cached,
-            encode_captions,
-            encode_images,
-            image_key_fields,
-        )
-
-        started = time.perf_counter()
-        dataset, sharded = prepared.data, sharded or {}
-        identity = dataset.identity(memo)
-        memo.save()
-        image_fields = image_key_fields(session, identity, dataset.split, prepared.source.limit)
-        caption_fields = caption_key_fields(session, identity, dataset.split, prepared.source.limit)
-        if settings.cached_only:
-            check_cached(store, [(image_fields, f"image embeddings of {dataset.name}"),
-                                 (caption_fields, f"caption embeddings of {dataset.name}")])
-        images = sharded.get("image") or encode_images(session, dataset, store, image_fields, settings, progress)
-        captions = sharded.get("caption") or encode_captions(session, dataset, store, caption_fields, settings,
-                                                             progress)
-        return Encoded({"image": images, "caption": captions}, seconds=time.perf_counter() - started)
+        return encode_images_and_captions(session, prepared, store, memo, settings, progress, sharded)
 
     def score(self, store, encoded, prepared, settings):
         from clipcache.tasks.score.stage import score_retrieval
