@@ -2,7 +2,8 @@
 
 Temporary files and staging folders are named ``.<name>.<host>.<pid>.<random>.tmp`` beside their target. A writer
 killed between writing and renaming leaves one behind; the next write into that folder removes those whose writer
-(same host, that pid) is no longer alive, so a killed run leaves nothing once its re-run has written.
+(same host, that pid) is no longer alive, so a killed run leaves nothing once its re-run has written. Each folder is swept once per process (the warehouse's
+folders hold thousands of files; a writer that dies during this run is swept by the next one).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from clipcache.storage import faults
 from clipcache.storage.paths import is_remote, write_via_temp
 
 _HOST = socket.gethostname().replace(".", "-") or "host"
+_swept: set[Path] = set()
 
 
 def _temp_name(path: Path) -> str:
@@ -59,11 +61,17 @@ def sweep_stale(folder: Path) -> int:
     return removed
 
 
+def _sweep_once(folder: Path) -> None:
+    if folder not in _swept:
+        sweep_stale(folder)
+        _swept.add(folder)
+
+
 def _create_temp(path: Path) -> Path:
     """An empty, new temporary file beside ``path``, created with mode 0o666 so that the kernel applies the umask in
     force now (mkstemp's 0o600 would publish files that only their owner can read; a umask read once at import would
     miss a later change)."""
-    sweep_stale(path.parent)
+    _sweep_once(path.parent)
     while True:
         tmp = path.parent / _temp_name(path)
         try:
@@ -77,7 +85,7 @@ def staging_dir(path: Path) -> Path:
     """A new, empty folder beside ``path`` to fill and then rename over it. Created with mode 0o777 for the same
     reason as the files above: mkdtemp's 0o700 would publish a folder that only its owner can enter."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale(path.parent)
+    _sweep_once(path.parent)
     while True:
         staging = path.parent / _temp_name(path)
         try:
