@@ -9,7 +9,7 @@ from rich.table import Table
 
 
 def add_catalog_parsers(sub: argparse._SubParsersAction) -> None:
-    d = sub.add_parser("datasets", help="the dataset catalog: task, hub repository, cached or not, size")
+    d = sub.add_parser("datasets", help="every dataset name: task, original layout, hub repository, cached or not, size")
     d.add_argument("--cache_dir", "--cache-dir", dest="cache_dir", default="cache")
     d.add_argument("--hub", choices=["huggingface", "modelscope"], default="huggingface")
     d.add_argument("--markdown", action="store_true", help="print the README's catalog table")
@@ -21,35 +21,59 @@ def add_catalog_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def catalog_rows(cache_dir: str, hub: str) -> list[dict]:
+    """One row per name: clipcache's own datasets, then every name of clip_benchmark's builder and the hosted
+    catalog, each with the layouts it is read from."""
     from clipcache.flows.cli_cache import human_bytes
     from clipcache.storage.embedding_store import folder_bytes
     from clipcache.tasks.datasets import DATASETS, REGISTERED_TASKS, catalog, registered_task
     from clipcache.tasks.datasets.download import HubDataset, repo_name
+    from clipcache.tasks.datasets.layouts import describe, layouts, not_read, task_of
 
     rows = []
     for name in DATASETS.names():
         source = "bundled" if name.startswith("shapes") else "your files (--dataset_root)"
         if name not in REGISTERED_TASKS:  # a plugin: say which package adds it
             source = f"{source}; {DATASETS.origin(name)}"
-        rows.append({"name": name, "task": registered_task(name), "source": source, "cached": "", "size": ""})
-    for name, row in sorted(catalog().items()):
-        source = HubDataset(hub, f"clip-benchmark/{repo_name(name)}")
-        root = source.local_root(cache_dir)
-        splits = sorted(p.parent.name for p in root.glob("*/.complete.json"))
-        rows.append({"name": name, "task": row["task"], "source": source.repo, "cached": ", ".join(splits) or "no",
-                     "size": human_bytes(folder_bytes(root)) if root.exists() else ""})
+        rows.append({"name": name, "task": registered_task(name), "original layout": source, "hosted": "",
+                     "cached": "", "size": ""})
+    for name in sorted(set(catalog()) | set(layouts()) | set(not_read())):
+        row = {"name": name, "task": "", "original layout": "", "hosted": "", "cached": "", "size": ""}
+        if name in layouts():
+            row["task"], row["original layout"] = task_of(name), describe(name)
+        elif name in not_read():
+            row["original layout"] = not_read()[name]
+        if name in catalog():
+            source = HubDataset(hub, f"clip-benchmark/{repo_name(name)}")
+            root = source.local_root(cache_dir)
+            splits = sorted(p.parent.name for p in root.glob("*/.complete.json"))
+            row.update(task=catalog()[name]["task"], hosted=source.repo, cached=", ".join(splits) or "no",
+                       size=human_bytes(folder_bytes(root)) if root.exists() else "")
+        rows.append(row)
     return rows
 
 
 def markdown_table() -> str:
     from clipcache.tasks.datasets import catalog
     from clipcache.tasks.datasets.download import repo_name
+    from clipcache.tasks.datasets.layouts import describe, layouts, not_read, task_of
 
-    lines = ["| name | task | Hugging Face / ModelScope repository |", "|---|---|---|"]
-    for name, row in sorted(catalog().items()):
+    lines = ["| name | task | original layout under `--dataset_root` | Hugging Face / ModelScope webdataset |",
+             "|---|---|---|---|"]
+    for name in sorted(set(catalog()) | set(layouts()) | set(not_read())):
+        row = catalog().get(name, {})
         note = f" ({row['notes']})" if row.get("notes") else ""
-        lines.append(f"| `{name}`{note} | {row['task']} | `clip-benchmark/{repo_name(name)}` |")
+        task = row.get("task") or (task_of(name) if name in layouts() else "")
+        if name in layouts():
+            what, _, folder = describe(name).partition(": ")
+            original = f"{what}: `{folder}`"
+        else:
+            original = not_read().get(name, "")
+        hosted = f"`clip-benchmark/{repo_name(name)}`" if row else ""
+        lines.append(f"| `{name}`{note} | {task} | {original.replace('|', '/')} | {hosted} |")
     return "\n".join(lines)
+
+
+COLUMNS = ("name", "task", "original layout", "hosted", "cached", "size")
 
 
 def run_datasets(args: argparse.Namespace) -> int:
@@ -57,11 +81,11 @@ def run_datasets(args: argparse.Namespace) -> int:
         print(markdown_table())
         return 0
     table = Table(title=f"datasets ({args.hub}; cache {args.cache_dir})")
-    for column in ("name", "task", "source", "cached", "size"):
+    for column in COLUMNS:
         table.add_column(column, justify="right" if column == "size" else "left")
     for row in catalog_rows(args.cache_dir, args.hub):
-        table.add_row(*(row[c] for c in ("name", "task", "source", "cached", "size")))
-    Console(width=None if Console().is_terminal else 140).print(table)
+        table.add_row(*(row[c] for c in COLUMNS))
+    Console(width=None if Console().is_terminal else 200).print(table)
     return 0
 
 

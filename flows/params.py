@@ -45,6 +45,9 @@ class EvaluateParams(BaseModel):
         "huggingface", description="where hosted datasets named without dataset_root are downloaded from")
     offline: bool = Field(False, description="use only datasets already downloaded into cache_dir")
     split: str = Field("test", description="dataset split")
+    annotation_file: str | None = Field(None, description="caption file replacing a caption dataset's default one "
+                                                          "(mscoco_captions, flickr30k, ...; clip_benchmark's "
+                                                          "--annotation_file)")
     task: str = Field("auto", description="auto (the dataset's own task), or a registered task")
     language: list[str] = Field(default_factory=lambda: ["en"], min_length=1,
                                 description="languages of class names / captions; several are evaluated in turn")
@@ -182,7 +185,7 @@ class EvaluateParams(BaseModel):
     # -- what each stage gets --------------------------------------------------------------------------------------
     def source(self, dataset: str, data_dir: str, language: str = "en") -> DataSource:
         return DataSource(dataset, self.dataset_root, self.split, self.limit, self.hub, data_dir, self.offline,
-                          language)
+                          language, self.annotation_file)
 
     def encode_settings(self, cached_only: bool) -> EncodeSettings:
         return EncodeSettings(self.batch_size, self.num_workers, self.on_bad_image, cached_only, self.train_split,

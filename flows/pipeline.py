@@ -15,6 +15,7 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from clipcache.flows.params import EvaluateParams
@@ -114,8 +115,18 @@ def experiment_for(ctx: RunContext, spec: ModelSpec, session: Any, task: EvalTas
         model=spec.display_name, checkpoint=session.resolved.checkpoint, dataset=prepared.source.name,
         split=params.split, language=language, task=task.name, precision=session.precision,
         sample_limit=params.limit, prompts=prepared.prompts_sha256, default_prompts=prepared.default_prompts,
-        options=options_json(task.options(settings)), pretrained=session.resolved.checkpoint_label,
+        options=options_json({**task.options(settings), **annotation_option(params.annotation_file)}),
+        pretrained=session.resolved.checkpoint_label,
         model_dir=spec.basename)
+
+
+def annotation_option(path: str | None) -> dict[str, str]:
+    """A replaced annotation file makes a different experiment: named by file name and content hash."""
+    if not path:
+        return {}
+    from clipcache.storage.hashing import sha256_file
+
+    return {"annotation_file": f"{Path(path).name}@{sha256_file(Path(path))[:12]}"}
 
 
 def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, language: str) -> list[PairResult]:

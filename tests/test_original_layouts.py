@@ -99,7 +99,7 @@ def test_missing_and_damaged_cifar_files_are_named(tmp_path):
     (root / "cifar-10-batches-py" / "test_batch").write_bytes(b"not a pickle")
     with pytest.raises(DatasetError, match="test_batch is not a CIFAR pickle"):
         open_dataset("cifar10", str(root), "test", None)
-    with pytest.raises(DatasetError, match="has the splits train and test"):
+    with pytest.raises(DatasetError, match=r"has the splits train, test \(asked for .val.\)"):
         open_dataset("cifar10", str(root), "val", None)
     with pytest.raises(DatasetError, match="needs --dataset_root"):
         open_dataset("cifar10", None, "test", None)
@@ -223,3 +223,19 @@ def test_flickr_missing_files_are_named(tmp_path):
         open_dataset("flickr30k", str(root), "test", None)
     with pytest.raises(DatasetError, match="language: 'fr' is not available"):
         open_dataset("flickr30k", str(root), "test", None, language="fr")
+
+
+@pytest.mark.parametrize("language", ["de", "ja"])
+def test_babel_imagenet_equals_clip_benchmark(tmp_path, language):
+    """Babel-ImageNet on torchvision's ImageNet layout: the same images, labels (positions in the language's class
+    list), class names and templates as clip_benchmark's BabelImageNet."""
+    root = write_imagenet(tmp_path / "imagenet")
+    ds = build_dataset(dataset_name="babel_imagenet", root=str(root), transform=None, split="test", download=False,
+                       language=language)
+    ours = open_dataset("babel_imagenet", str(root), "test", None, language=language)
+    assert ours.prompts.classnames == ds.classes and ours.prompts.templates == ds.templates
+    assert ours.prompts.language == language and len(ours) == len(ds)
+    assert [p.name for p in ours.paths] == [p.rsplit("/", 1)[-1] for p, _ in ds.samples]
+    assert ours.labels.tolist() == [ds[i][1] for i in range(len(ds))]
+    with pytest.raises(DatasetError, match=r"language: 'xx' is not available for dataset 'babel_imagenet'"):
+        open_dataset("babel_imagenet", str(root), "test", None, language="xx")

@@ -4,6 +4,10 @@
 - ``custom``: evalscope's ``image_queries.jsonl`` layout under ``dataset_root`` / ``data_dir``.
 - ``imagefolder`` / ``image_labels``: users' classification data (tasks/datasets/labelled.py).
 - ``sugar_crepe/<task>`` / ``winoground``: image-caption selection from their local copies (tasks/datasets/selection.py).
+- every name of clip_benchmark's builder that reads original files (cifar10, food101, imagenet1k, imagenet-a,
+  mscoco_captions, xtd10, ...): those files under ``dataset_root``, as the table ``layouts.json`` says
+  (tasks/datasets/layouts.py). A name that is also hosted (imagenet1k, flickr30k, ...) reads its original layout when
+  the root holds it, else webdataset shards.
 - ``wds/<name>``: the hosted webdataset layout under ``dataset_root`` (a directory or a template with ``{dataset}`` /
   ``{dataset_cleaned}``, as in clip_benchmark).
 - any name from ``catalog.csv`` (the 43 CLIP-benchmark datasets): the same webdataset layout under ``dataset_root``.
@@ -29,8 +33,6 @@ DATASETS.register("custom", "clipcache.tasks.datasets.loaders:custom")
 DATASETS.register("imagefolder", "clipcache.tasks.datasets.loaders:imagefolder")
 DATASETS.register("image_labels", "clipcache.tasks.datasets.loaders:image_labels")
 DATASETS.register("winoground", "clipcache.tasks.datasets.loaders:winoground")
-DATASETS.register("cifar10", "clipcache.tasks.datasets.loaders:cifar")  # torchvision's layouts (original.py)
-DATASETS.register("cifar100", "clipcache.tasks.datasets.loaders:cifar")
 SUGAR_CREPE = tuple(f"sugar_crepe/{task}" for task in ("add_att", "add_obj", "replace_att", "replace_obj",
                                                          "replace_rel", "swap_att", "swap_obj"))
 for _name in SUGAR_CREPE:
@@ -40,7 +42,6 @@ for _name in SUGAR_CREPE:
 REGISTERED_TASKS = {"shapes": "zeroshot_classification", "shapes_retrieval": "zeroshot_retrieval",
                     "custom": "zeroshot_retrieval", "imagefolder": "zeroshot_classification",
                     "image_labels": "zeroshot_classification", "winoground": "image_caption_selection",
-                    "cifar10": "zeroshot_classification", "cifar100": "zeroshot_classification",
                     **dict.fromkeys(SUGAR_CREPE, "image_caption_selection")}
 
 WDS_PREFIX = "wds/"
@@ -77,14 +78,21 @@ def registered_task(name: str) -> str:
     return task
 
 
+def original_names() -> list[str]:
+    """Names read only from their original layout (not hosted): cifar10, food101, caltech101, xtd10, ..."""
+    from clipcache.tasks.datasets.layouts import layouts
+
+    return sorted(n for n in layouts() if n not in catalog())
+
+
 def known_names() -> list[str]:
-    return DATASETS.names() + sorted(catalog())
+    return DATASETS.names() + sorted(set(catalog()) | set(original_names()))
 
 
 def check_name(name: str, dataset_root: str | None = None) -> None:
     """Raise a "Did you mean" error for a name that can never resolve (before any work starts). Any name of a BEIR
     folder goes (text retrieval)."""
-    if name.startswith(WDS_PREFIX) or name in DATASETS or name in catalog():
+    if name.startswith(WDS_PREFIX) or name in DATASETS or name in catalog() or name in original_names():
         return
     if dataset_root and default_task(name, dataset_root) == "text_retrieval":
         return
@@ -105,6 +113,10 @@ def default_task(name: str, dataset_root: str | None) -> str:
         return "text_retrieval"
     if name in DATASETS:
         return registered_task(name)
+    if name in original_names():
+        from clipcache.tasks.datasets.layouts import task_of
+
+        return task_of(name)
     if root is not None and (root / "dataset_type.txt").is_file():
         kind = (root / "dataset_type.txt").read_text(encoding="utf-8").strip().lower()
         return "zeroshot_retrieval" if kind == "retrieval" else "zeroshot_classification"
@@ -116,9 +128,10 @@ def default_task(name: str, dataset_root: str | None) -> str:
 
 def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | None, *, hub: str = "huggingface",
                  cache_dir: str | None = None, offline: bool = False, progress=None,
-                 language: str = "en") -> EvalDataset:
+                 language: str = "en", annotation_file: str | None = None) -> EvalDataset:
     """Index a dataset. Hosted names without ``dataset_root`` are fetched from ``hub`` into ``cache_dir`` first.
-    ``language`` reaches the readers that take it (files that differ by language, e.g. Flickr's ``_zh`` captions)."""
+    ``language`` reaches the readers that take it (files that differ by language, e.g. Flickr's ``_zh`` captions);
+    ``annotation_file`` replaces a caption dataset's default annotation file (clip_benchmark's --annotation_file)."""
     check_name(name)
     if name in DATASETS:
         import inspect
@@ -130,18 +143,26 @@ def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | N
     from clipcache.tasks.datasets.wds import load_webdataset
 
     bare = name[len(WDS_PREFIX):] if name.startswith(WDS_PREFIX) else name
+    if name in original_names() and not dataset_root:
+        from clipcache.tasks.datasets.layouts import layouts
+
+        entry = layouts()[name]
+        raise DatasetError(f"dataset {name!r} needs --dataset_root: the folder holding {entry['folder']} (files: "
+                           f"{entry['source']})")
     if dataset_root:
         root = format_root(dataset_root, bare)
-        if name == "imagenet1k":  # torchvision's layout (val/<wnid>/) rather than webdataset shards
-            from clipcache.tasks.datasets.original import is_imagenet_folder, load_imagenet_folder
+        if name == bare:  # a name of clip_benchmark's builder: its original layout when the root holds it
+            from clipcache.tasks.datasets.layouts import layouts, open_original, present
 
-            if is_imagenet_folder(root, split):
-                return load_imagenet_folder(name, root, split, limit)
-        if name in ("flickr30k", "flickr8k"):  # images + clip_benchmark's Karpathy-split caption files
-            from clipcache.tasks.datasets.original import is_flickr_folder, load_flickr
-
-            if is_flickr_folder(name, root):
-                return load_flickr(name, root, split, limit, language=language)
+            if name in layouts() and (name in original_names() or present(name, root, split)):
+                return open_original(name, root, split, limit, language=language, annotation_file=annotation_file)
+            if name in layouts():
+                try:
+                    return load_webdataset(name, root, split, limit)
+                except DatasetError as e:
+                    entry = layouts()[name]
+                    raise DatasetError(f"{e}; nor is clip_benchmark's original layout there: "
+                                       f"{entry['folder']} (files: {entry['source']})") from e
         return load_webdataset(name, root, split, limit)
     if cache_dir is None:
         raise DatasetError(f"dataset {name!r} needs --dataset_root (a local folder in the clip_benchmark webdataset "

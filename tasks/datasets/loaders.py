@@ -57,8 +57,3 @@ def winoground(name: str, root: Path | None, split: str, limit: int | None) -> E
 
     return load_winoground(name, _root(name, root), split, limit)
 
-
-def cifar(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-    from clipcache.tasks.datasets.original import load_cifar
-
-    return load_cifar(name, _root(name, root), split, limit)

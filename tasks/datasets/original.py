@@ -154,95 +154,174 @@ class FolderImages(EvalDataset):
         return self.paths[index].read_bytes()
 
 
+def folder_images(folder: Path) -> list[Path]:
+    """Image files under ``folder`` in torchvision ImageFolder's order: ``sorted(os.walk(...))``, names sorted."""
+    import os
+
+    out = []
+    for here, _, names in sorted(os.walk(folder, followlinks=True)):
+        out += [Path(here) / n for n in sorted(names) if n.lower().endswith(IMAGE_EXTENSIONS)]
+    return out
+
+
 def is_imagenet_folder(root: Path, split: str) -> bool:
-    folder = Path(root) / ("train" if split == "train" else "val")
+    return has_wnid_folders(Path(root) / ("train" if split == "train" else "val"))
+
+
+def has_wnid_folders(folder: Path) -> bool:
     known = set(imagenet_wnids())
-    return folder.is_dir() and any(p.is_dir() and p.name in known for p in folder.iterdir())
+    return Path(folder).is_dir() and any(p.is_dir() and p.name in known for p in Path(folder).iterdir())
 
 
-def load_imagenet_folder(name: str, root: Path, split: str, limit: int | None) -> FolderImages:
-    """Images in ImageFolder's order (classes by sorted WordNet id, files sorted within each), labels the class index
-    of each folder's WordNet id among the 1,000; clip_benchmark's 1,000 class names and its ImageNet templates.
-    clip_benchmark's ``test`` split is torchvision's ``val`` folder (its ``train`` the ``train`` folder)."""
+def load_wnid_folder(name: str, folder: Path, split: str, limit: int | None, subset: list[str] | None,
+                     prompts: ClassPrompts, layout: str = "wnid-folder") -> FolderImages:
+    """Class folders named by WordNet id (``<folder>/<wnid>/...``), in ImageFolder's order; a folder's label is its
+    id's index among ``subset`` (the 200 of imagenet-a/-r/-o) or the 1,000, so a copy with some class folders
+    missing keeps every other class's index (ImageFolder would shift them)."""
     from clipcache.tasks.datasets.languages import imagenet_prompts
 
-    folder = Path(root) / ("train" if split == "train" else "val")
-    if split not in ("train", "test", "val"):
-        raise DatasetError(f"dataset {name!r} has the splits train and test (val/) (asked for {split!r})")
-    index = {w: i for i, w in enumerate(imagenet_wnids())}
+    folder = Path(folder)
+    wnids = subset if subset is not None else imagenet_wnids()
+    index = {w: i for i, w in enumerate(wnids)}
+    if not folder.is_dir():
+        raise DatasetError(f"dataset {name!r}: {folder} not found (expected {folder}/<wnid>/ image folders)")
     classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
     unknown = [c for c in classes if c not in index]
     if unknown:
-        raise DatasetError(f"dataset {name!r}: {folder / unknown[0]} is not an ImageNet-1k WordNet id folder "
-                           f"(expected n01440764 ... n15075141)")
+        which = f"one of the {len(wnids)} WordNet ids of {name}" if subset is not None else \
+            "an ImageNet-1k WordNet id folder (expected n01440764 ... n15075141)"
+        raise DatasetError(f"dataset {name!r}: {folder / unknown[0]} is not {which}")
     paths: list[Path] = []
     labels: list[int] = []
     for wnid in classes:
-        files = sorted(f for f in (folder / wnid).iterdir() if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file())
+        files = folder_images(folder / wnid)
         paths += files
         labels += [index[wnid]] * len(files)
         if limit is not None and len(paths) >= limit:
             break
     if not paths:
         raise DatasetError(f"dataset {name!r}: no images under {folder}/<wnid>/")
-    en = imagenet_prompts()["en"]
-    prompts = ClassPrompts(list(en["classnames"]), list(en["templates"]), "en", str(folder))
     return FolderImages(name=name, split=split, task="zeroshot_classification",
                         labels=np.asarray(labels[:limit], dtype=np.int64), prompts=prompts, paths=paths[:limit],
-                        root=folder, layout="imagenet-folder", languages=tuple(sorted(imagenet_prompts())))
+                        root=folder, layout=layout, languages=tuple(sorted(imagenet_prompts())))
 
 
-# -- Flickr30k / Flickr8k: images + clip_benchmark's Karpathy-split caption files --------------------------------------
-FLICKR_ANNOTATIONS = "https://github.com/mehdidc/retrieval_annotations/releases/download/1.0.0/{file}"
-FLICKR_FILES = {"en": "{name}_{split}_karpathy.txt", "zh": "{name}_{split}_zh.txt"}
+def load_imagenet_folder(name: str, root: Path, split: str, limit: int | None) -> FolderImages:
+    """torchvision's ImageNet layout (``meta.bin`` + ``val/<wnid>/``) or a plain ``val/<wnid>/``: clip_benchmark's
+    ``test`` split is the ``val`` folder, its ``train`` the ``train`` folder; its 1,000 class names and ImageNet
+    templates."""
+    from clipcache.tasks.datasets.languages import imagenet_prompts
+
+    if split not in ("train", "test", "val"):
+        raise DatasetError(f"dataset {name!r} has the splits train and test (val/) (asked for {split!r})")
+    folder = Path(root) / ("train" if split == "train" else "val")
+    en = imagenet_prompts()["en"]
+    prompts = ClassPrompts(list(en["classnames"]), list(en["templates"]), "en", str(folder))
+    return load_wnid_folder(name, folder, split, limit, None, prompts, layout="imagenet-folder")
 
 
-def is_flickr_folder(name: str, root: Path) -> bool:
-    return any(Path(root).glob(f"{name}_*_karpathy.txt")) or any(Path(root).glob(f"{name}_*_zh.txt"))
+def load_imagenetv2(name: str, root: Path, split: str, limit: int | None, prompts: ClassPrompts) -> FolderImages:
+    """ImageNetV2 (matched frequency): ``ImageNetV2-matched-frequency/<class index>/*.jpeg``, the folder name the
+    label. clip_benchmark lists the files in glob order (the file system's); clipcache sorts them, which no metric
+    of a classification sees."""
+    from clipcache.tasks.datasets.languages import imagenet_prompts
+
+    folder = Path(root) / "ImageNetV2-matched-frequency"
+    if not folder.is_dir():
+        raise DatasetError(f"dataset {name!r}: {folder} not found (clip_benchmark downloads "
+                           f"imagenetv2-matched-frequency.tar.gz and unpacks it there)")
+    paths = sorted(folder.glob("**/*.jpeg"), key=lambda p: (p.parent.name, p.name))
+    labels = []
+    for p in paths:
+        if not (p.parent.name.isdigit() and 0 <= int(p.parent.name) < len(prompts.classnames)):
+            raise DatasetError(f"dataset {name!r}: {p} is not in a class folder 0 ... "
+                               f"{len(prompts.classnames) - 1}")
+        labels.append(int(p.parent.name))
+    if not paths:
+        raise DatasetError(f"dataset {name!r}: no .jpeg images under {folder}/<class index>/")
+    return FolderImages(name=name, split=split, task="zeroshot_classification",
+                        labels=np.asarray(labels[:limit], dtype=np.int64), prompts=prompts, paths=paths[:limit],
+                        root=folder, layout="imagenetv2", languages=tuple(sorted(imagenet_prompts())))
 
 
-@dataclass
-class CaptionedImages(FolderImages):
-    annotation: Path = Path(".")
-
-    def identity(self, memo: FileHashMemo) -> dict[str, Any]:
-        return {**super().identity(memo), "captions": memo.sha256(self.annotation)}
-
-
-def load_flickr(name: str, root: Path, split: str, limit: int | None, *, language: str = "en") -> CaptionedImages:
-    """clip_benchmark's Flickr reader: a header line, then ``<image>.jpg,<caption>`` lines (split at the first
-    ``.jpg,``); images in the order they first appear, each with its captions in file order; images under root."""
-    root = Path(root)
-    if language not in FLICKR_FILES:
-        raise DatasetError(f"language: {language!r} is not available for dataset {name!r} (available: "
-                           f"{', '.join(FLICKR_FILES)})")
-    file = FLICKR_FILES[language].format(name=name, split=split)
-    annotation = root / file
-    if not annotation.is_file():
-        raise DatasetError(f"dataset {name!r}: {annotation} not found (clip_benchmark downloads it from "
-                           f"{FLICKR_ANNOTATIONS.format(file=file)})")
-    captions: dict[str, list[str]] = {}
-    try:
-        lines = annotation.read_text(encoding="utf-8").splitlines()[1:]
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"{annotation}: not UTF-8 text (byte {e.start + 1})") from e
-    for n, line in enumerate(lines, start=2):
-        line = line.strip()
-        if not line:
-            continue
-        image, sep, caption = line.partition(".jpg,")
-        if not sep:
-            raise DatasetError(f"{annotation} line {n}: expected <image>.jpg,<caption>")
-        captions.setdefault(image + ".jpg", []).append(caption)
-    items = list(captions.items())[:limit]
-    paths = [root / image for image, _ in items]
-    missing = next((p for p in paths if not p.is_file()), None)
+def load_caltech101(name: str, root: Path, split: str, limit: int | None, prompts: ClassPrompts,
+                    source: str) -> FolderImages:
+    """clip_benchmark's own Caltech101 (torchvision's, keeping the background class): categories are the sorted
+    entries of ``caltech101/101_ObjectCategories``; category ``c`` with ``n`` ``*.jpg`` files contributes
+    ``image_0001.jpg`` ... ``image_{n:04d}.jpg``. There is no split: every image is read."""
+    folder = Path(root) / "caltech101" / "101_ObjectCategories"
+    if not folder.is_dir():
+        raise DatasetError(f"dataset {name!r}: {folder} not found (files: {source})")
+    categories = sorted(p.name for p in folder.iterdir())
+    if len(categories) != len(prompts.classnames):
+        raise DatasetError(f"dataset {name!r}: {folder} has {len(categories)} category folders, clip_benchmark's "
+                           f"class names are {len(prompts.classnames)} (the 101 categories and the background)")
+    paths: list[Path] = []
+    labels: list[int] = []
+    for i, c in enumerate(categories):
+        n = len(list((folder / c).glob("*.jpg")))
+        paths += [folder / c / f"image_{k:04d}.jpg" for k in range(1, n + 1)]
+        labels += [i] * n
+    missing = next((p for p in paths[:limit] if not p.is_file()), None)
     if missing is not None:
-        raise DatasetError(f"dataset {name!r}: image {missing} (named in {annotation.name}) not found")
-    if not items:
-        raise DatasetError(f"dataset {name!r}: {annotation} lists no images")
-    languages = tuple(lang for lang, pattern in FLICKR_FILES.items()
-                      if (root / pattern.format(name=name, split=split)).is_file())
-    return CaptionedImages(name=name, split=split, task="zeroshot_retrieval", captions=[c for _, c in items],
-                           paths=paths, root=root, layout=f"flickr-{language}", annotation=annotation,
-                           languages=languages)
+        raise DatasetError(f"dataset {name!r}: {missing} not found (clip_benchmark numbers each category's images "
+                           f"image_0001.jpg ... image_<n>.jpg)")
+    return FolderImages(name=name, split=split, task="zeroshot_classification",
+                        labels=np.asarray(labels[:limit], dtype=np.int64), prompts=prompts, paths=paths[:limit],
+                        root=folder, layout="caltech101")
+
+
+def load_class_folders(name: str, folder: Path, split: str, limit: int | None, prompts: ClassPrompts,
+                       source: str) -> FolderImages:
+    """torchvision's ImageFolder on ``folder``: classes the sorted sub-folders, named by clip_benchmark's list."""
+    if not folder.is_dir():
+        raise DatasetError(f"dataset {name!r}: {folder} not found (files: {source})")
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    if len(classes) != len(prompts.classnames):
+        raise DatasetError(f"dataset {name!r}: {folder} has {len(classes)} class folders, clip_benchmark names "
+                           f"{len(prompts.classnames)} classes for it ({', '.join(prompts.classnames)})")
+    paths: list[Path] = []
+    labels: list[int] = []
+    for i, c in enumerate(classes):
+        files = folder_images(folder / c)
+        paths += files
+        labels += [i] * len(files)
+    if not paths:
+        raise DatasetError(f"dataset {name!r}: no images under {folder}/<class>/")
+    return FolderImages(name=name, split=split, task="zeroshot_classification",
+                        labels=np.asarray(labels[:limit], dtype=np.int64), prompts=prompts, paths=paths[:limit],
+                        root=folder, layout="imagefolder")
+
+
+BABEL = Path(__file__).with_name("prompts") / "babel_imagenet.json"
+
+
+@cache
+def babel_languages() -> dict[str, dict[str, Any]]:
+    return dict(json.loads(BABEL.read_text(encoding="utf-8"))["languages"])
+
+
+def load_babel_imagenet(name: str, root: Path, split: str, limit: int | None, language: str) -> FolderImages:
+    """Babel-ImageNet: ImageNet's ``val/<wnid>/`` (``train/`` for the train split) restricted to the classes
+    Babel-ImageNet names in ``language``, class by class in its order, labelled by position in that list; its class
+    names and NLLB-translated templates (tasks/datasets/prompts/babel_imagenet.json)."""
+    data = babel_languages().get(language.lower())
+    if data is None:
+        raise DatasetError(f"language: {language!r} is not available for dataset {name!r} (available: "
+                           f"{', '.join(list(babel_languages())[:15])}, ... {len(babel_languages())} in all)")
+    full = load_imagenet_folder(name, root, split, None)
+    by_class: dict[int, list[Path]] = {}
+    for path, label in zip(full.paths, np.asarray(full.labels).tolist(), strict=True):
+        by_class.setdefault(label, []).append(path)
+    paths: list[Path] = []
+    labels: list[int] = []
+    for position, index in enumerate(data["indices"]):
+        paths += by_class.get(index, [])
+        labels += [position] * len(by_class.get(index, []))
+    if not paths:
+        raise DatasetError(f"dataset {name!r}: none of the {len(data['indices'])} classes Babel-ImageNet has in "
+                           f"{language!r} has images under {full.root}")
+    prompts = ClassPrompts(list(data["classnames"]), list(data["templates"]), language, f"{BABEL.name} ({language})")
+    return FolderImages(name=name, split=split, task="zeroshot_classification",
+                        labels=np.asarray(labels[:limit], dtype=np.int64), prompts=prompts, paths=paths[:limit],
+                        root=full.root, layout="babel-imagenet", languages=tuple(babel_languages()))

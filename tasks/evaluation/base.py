@@ -47,12 +47,14 @@ class DataSource:
     data_dir: str | None = None  # local folder that hub downloads go to
     offline: bool = False
     language: str = "en"  # readers whose files differ by language (flickr30k_test_zh.txt) read that language's
+    annotation_file: str | None = None  # a caption dataset's annotation file in place of its default one
 
     def open(self, progress: StageProgress | None = None) -> Any:
         from clipcache.tasks.datasets import open_dataset
 
         return open_dataset(self.name, self.root, self.split, self.limit, hub=self.hub, cache_dir=self.data_dir,
-                            offline=self.offline, progress=progress, language=self.language)
+                            offline=self.offline, progress=progress, language=self.language,
+                            annotation_file=self.annotation_file)
 
 
 @dataclass(frozen=True)
