@@ -138,11 +138,19 @@ class EvaluateParams(BaseModel):
 
         if self.task == "text_retrieval":
             return self
+        from clipcache.tasks.datasets.layouts import languages_of
+
         for i, name in enumerate(self.datasets):
             try:
                 check_name(name, self.dataset_root)
             except ClipcacheError as e:
                 raise ValueError(f"datasets.{i}: {e}") from None
+            known = languages_of(name)
+            missing = [lang for lang in self.language if known is not None and lang not in known]
+            if missing:  # before any work: clip_benchmark's product of datasets and languages must all exist
+                shown = ", ".join(known[:12]) + (f", ... ({len(known)} in all)" if len(known) > 12 else "")
+                raise ValueError(f"language: {missing[0]!r} is not available for dataset {name!r} (available: "
+                                 f"{shown})")
         return self
 
     @field_validator("normalize", mode="before")

@@ -65,6 +65,23 @@ def describe(name: str) -> str:
     return f"{what}: {entry['folder']}"
 
 
+def languages_of(name: str) -> list[str] | None:
+    """The languages clip_benchmark has ``name`` in (class names or captions), None for names not in the table."""
+    from clipcache.tasks.datasets.languages import languages
+    from clipcache.tasks.datasets.original import babel_languages
+
+    entry = layouts().get(name)
+    if entry is None:
+        return None
+    if "languages" in entry:
+        return list(entry["languages"])
+    if entry.get("classnames") == "babel":
+        return list(babel_languages())
+    if entry["reader"] in RETRIEVAL_READERS:
+        return ["en"]
+    return languages() if str(entry.get("classnames", "")).startswith("imagenet1k") else ["en"]
+
+
 def check_split(name: str, split: str) -> None:
     splits = layouts()[name]["splits"]
     if splits is not None and split not in splits and not (split == "val" and "test" in splits
