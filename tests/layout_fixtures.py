@@ -40,6 +40,10 @@ Layouts written (paths under root):
   imagenet-o:       <wnid>/<n>_<name>.jpg for all 200 ImageNet-O wnids (or the first few: all_classes=False)
   imagenetv2:       ImageNetV2-matched-frequency/<class index>/<hash>.jpeg (IMAGENETV2_COUNT files, not 10,000)
   imagenet1k-unverified: {train,val}/<wnid>/*.JPEG; the first wnids in sorted order, or all 1000 (all_classes=True)
+  objectnet:        objectnet-1.0/images/<folder>/<n>.png (some folders unmapped), folder_to_objectnet_label.json,
+                    objectnet_to_imagenet_1k.json, pytorch_to_imagenet_2012_id.json, imagenet_to_label_2012_v2
+  voc2007(_multilabel): VOCdevkit/VOC2007/{JPEGImages/<id>.jpg, Annotations/<id>.xml (objects with boxes),
+                    ImageSets/Main/aeroplane_{train,test}.txt}
   mscoco_captions:  {train2014,val2014}/COCO_<folder>_<id:012>.jpg, coco_{train,val,test}_karpathy.json (COCO format,
                     5 to 7 captions per image; val and test both read val2014/)
   multilingual_mscoco_captions: multilingual_mscoco/images/<name>.jpg, multilingual_mscoco_captions-<lang>.json
@@ -92,6 +96,9 @@ SPLITS: dict[str, tuple[str, ...]] = {
     "imagenetv2": ("test",),
     "imagenet1k-unverified": ("train", "test"),
     "mscoco_captions": ("train", "val", "test"),
+    "objectnet": ("test",),
+    "voc2007": ("train", "test"),
+    "voc2007_multilabel": ("train", "test"),
     "multilingual_mscoco_captions": ("test",),
     "crossmodal3600": ("test",),
     "xtd10": ("test",),
@@ -670,6 +677,48 @@ def write_multilingual(name: str, root: Path, language: str = "en") -> Path:
     return root
 
 
+# -- objectnet and PASCAL VOC 2007 (clip_benchmark's own readers) -----------------------------------------------------
+
+
+def write_objectnet(root: Path) -> Path:
+    """Five image folders, three of them mapped to (made-up) ImageNet names, as the mapping files clip_benchmark
+    copies beside objectnet-1.0/; the unmapped folders must be left out."""
+    labels = {"alarm_clock": "Alarm clock", "banana": "Banana", "zebra_toy": "Zebra toy", "air_freshener":
+              "Air freshener", "basket": "Basket"}
+    mapped = {"Alarm clock": "imagenet 3; imagenet 7", "Banana": "imagenet 9", "Basket": "imagenet 1"}
+    _write_text(root / "folder_to_objectnet_label.json", json.dumps(labels))
+    _write_text(root / "objectnet_to_imagenet_1k.json", json.dumps(mapped))
+    _write_text(root / "pytorch_to_imagenet_2012_id.json", json.dumps({str(i): i for i in range(1000)}))
+    _lines(root / "imagenet_to_label_2012_v2", [f"imagenet {i}" for i in range(1000)])
+    for folder in labels:
+        for n in range(2 if folder != "banana" else 3):
+            _save(root / "objectnet-1.0" / "images" / folder / f"{n}.png", _rng("objectnet", folder, n))
+    return root
+
+
+def write_voc2007(root: Path) -> Path:
+    """Three images per split, one to three annotated objects each (boxes inside the image)."""
+    base = root / "VOCdevkit" / "VOC2007"
+    classes = ["aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow", "diningtable",
+               "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor"]
+    for offset, split in ((0, "train"), (10, "test")):
+        ids = [f"{offset + i:06d}" for i in range(1, 4)]
+        _lines(base / "ImageSets" / "Main" / f"aeroplane_{split}.txt", [f"{i} {1 if n % 2 else -1}"
+                                                                         for n, i in enumerate(ids)])
+        for n, image_id in enumerate(ids):
+            rng = _rng("voc2007", split, n)
+            _save(base / "JPEGImages" / f"{image_id}.jpg", rng, size=(48, 40))
+            objects = []
+            for k in range(1 + n % 3):
+                x0, y0 = int(rng.randint(0, 20)), int(rng.randint(0, 16))
+                name = classes[(3 * n + 7 * k + offset) % len(classes)]
+                objects.append(f"<object><name>{name}</name><pose>Unspecified</pose><bndbox><xmin>{x0}</xmin>"
+                               f"<ymin>{y0}</ymin><xmax>{x0 + 20}</xmax><ymax>{y0 + 18}</ymax></bndbox></object>")
+            _write_text(base / "Annotations" / f"{image_id}.xml",
+                        f"<annotation><filename>{image_id}.jpg</filename>{''.join(objects)}</annotation>")
+    return root
+
+
 # -- dispatcher --------------------------------------------------------------------------------------------------------
 
 WRITERS: dict[str, Callable[[Path], Path]] = {
@@ -680,6 +729,7 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     "imagenet_sketch": write_imagenet_sketch, "imagenet-a": write_imagenet_a, "imagenet-r": write_imagenet_r,
     "imagenet-o": write_imagenet_o, "imagenetv2": write_imagenetv2,
     "imagenet1k-unverified": write_imagenet1k_unverified, "mscoco_captions": write_mscoco_captions,
+    "objectnet": write_objectnet, "voc2007": write_voc2007, "voc2007_multilabel": write_voc2007,
 }
 
 

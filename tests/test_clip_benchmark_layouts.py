@@ -66,8 +66,8 @@ def test_reader_yields_clip_benchmarks_samples(tmp_path, integrity, name, split)
             assert np.array_equal(pixels(ours.load_image(i)), pixels(image)), i
         return
     assert ours.prompts.classnames == list(ds.classes) and ours.prompts.templates == list(ds.templates)
-    theirs = [(int(label), pixels(image)) for image, label in samples]
-    mine = [(int(ours.labels[i]), pixels(ours.load_image(i))) for i in range(len(ours))]
+    theirs = [(np.asarray(label).tolist(), pixels(image)) for image, label in samples]
+    mine = [(np.asarray(ours.labels[i]).tolist(), pixels(ours.load_image(i))) for i in range(len(ours))]
     if name == "imagenetv2":  # clip_benchmark lists files in the file system's order; compare as multisets
         def key(sample):
             return sample[0], hashlib.sha256(sample[1].tobytes()).hexdigest()
@@ -92,7 +92,8 @@ def session():
 
 # One layout per reader family, scored by both tools with the bundled model.
 SCORED = [("mnist", "en"), ("food101", "en"), ("imagenet-r", "en"), ("imagenet-r", "jp"), ("caltech101", "en"),
-          ("fer2013", "en"), ("mscoco_captions", "en"), ("xtd10", "it")]
+          ("fer2013", "en"), ("objectnet", "en"), ("voc2007", "en"), ("voc2007_multilabel", "en"),
+          ("mscoco_captions", "en"), ("xtd10", "it")]
 
 
 @pytest.mark.parametrize("name, language", SCORED)
@@ -153,3 +154,23 @@ def test_a_wnid_subset_folder_outside_the_subset_is_named(tmp_path):
     (root / "n01440764").mkdir(parents=True)  # tench: ImageNet-1k, not one of imagenet-a's 200
     with pytest.raises(DatasetError, match=r"n01440764 is not one of the 200 WordNet ids of imagenet-a"):
         open_dataset("imagenet-a", str(root), "test", None)
+
+
+def test_annotation_file_replaces_the_default_captions_and_makes_its_own_experiment(tmp_path):
+    import json
+
+    from clipcache.flows.pipeline import annotation_option
+
+    root = write_layout("mscoco_captions", tmp_path / "data", "test")
+    data = json.loads((root / "coco_test_karpathy.json").read_text())
+    data["images"] = sorted(data["images"], key=lambda image: image["id"])[:2]  # read in id order
+    data["annotations"] = [a for a in data["annotations"] if a["image_id"] in {i["id"] for i in data["images"]}]
+    other = tmp_path / "two.json"
+    other.write_text(json.dumps(data))
+    full = open_dataset("mscoco_captions", str(root), "test", None)
+    two = open_dataset("mscoco_captions", str(root), "test", None, annotation_file=str(other))
+    assert len(two) == 2 < len(full) and two.captions == full.captions[:2]
+    assert two.identity(FileHashMemo(None)) != full.identity(FileHashMemo(None))
+    assert annotation_option(None) == {} and annotation_option(str(other))["annotation_file"].startswith("two.json@")
+    with pytest.raises(DatasetError, match=r"missing.json not found"):
+        open_dataset("mscoco_captions", str(root), "test", None, annotation_file=str(tmp_path / "missing.json"))

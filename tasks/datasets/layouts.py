@@ -59,7 +59,8 @@ def describe(name: str) -> str:
     """One line for ``clipcache datasets``: the layout under --dataset_root."""
     entry = layouts()[name]
     what = {"torchvision": f"torchvision {entry.get('class')}", "cifar": "torchvision pickles",
-            "imagenet": "ImageNet folders", "wnid_folder": "WordNet-id folders", "imagenetv2": "ImageNetV2 folders", "babel": "ImageNet folders",
+            "imagenet": "ImageNet folders", "wnid_folder": "WordNet-id folders", "imagenetv2": "ImageNetV2 folders", "babel": "ImageNet folders", "objectnet": "ObjectNet folders + mappings",
+            "voc2007": "VOCdevkit",
             "caltech101": "101_ObjectCategories", "imagefolder": "class folders", "flickr": "Karpathy captions",
             "coco": "COCO Karpathy JSON", "captions_json": "clip_benchmark caption JSON"}[entry["reader"]]
     return f"{what}: {entry['folder']}"
@@ -171,6 +172,18 @@ def _babel(name, entry, root, split, limit, *, language="en", **_):
     return load_babel_imagenet(name, root, split, limit, language)
 
 
+def _objectnet(name, entry, root, split, limit, **_):
+    from clipcache.tasks.datasets.original import load_objectnet
+
+    return load_objectnet(name, root, split, limit, entry["source"])
+
+
+def _voc2007(name, entry, root, split, limit, **_):
+    from clipcache.tasks.datasets.original import load_voc2007
+
+    return load_voc2007(name, root, split, limit, entry["source"])
+
+
 def _imagenetv2(name, entry, root, split, limit, **_):
     from clipcache.tasks.datasets.original import load_imagenetv2
 
@@ -210,7 +223,8 @@ def _captions_json(name, entry, root, split, limit, *, language="en", annotation
 
 READERS: dict[str, Callable[..., EvalDataset]] = {
     "torchvision": _torchvision, "cifar": _cifar, "imagenet": _imagenet, "wnid_folder": _wnid_folder,
-    "imagenetv2": _imagenetv2, "babel": _babel, "caltech101": _caltech101, "imagefolder": _imagefolder, "flickr": _flickr,
+    "imagenetv2": _imagenetv2, "babel": _babel, "objectnet": _objectnet, "voc2007": _voc2007,
+    "caltech101": _caltech101, "imagefolder": _imagefolder, "flickr": _flickr,
     "coco": _coco, "captions_json": _captions_json,
 }
 RETRIEVAL_READERS = ("flickr", "coco", "captions_json")

@@ -150,7 +150,7 @@ class FolderImages(EvalDataset):
     def describe(self, index: int) -> str:
         return str(self.paths[index])
 
-    def read_image_bytes(self, index: int) -> bytes:
+    def read_image_bytes(self, index: int) -> bytes | Image.Image:
         return self.paths[index].read_bytes()
 
 
@@ -325,3 +325,123 @@ def load_babel_imagenet(name: str, root: Path, split: str, limit: int | None, la
     return FolderImages(name=name, split=split, task="zeroshot_classification",
                         labels=np.asarray(labels[:limit], dtype=np.int64), prompts=prompts, paths=paths[:limit],
                         root=full.root, layout="babel-imagenet", languages=tuple(babel_languages()))
+
+
+# -- ObjectNet: objectnet-1.0/images/<folder>/ + the mapping files clip_benchmark copies beside it ----------------------
+OBJECTNET_MAPS = ("folder_to_objectnet_label.json", "objectnet_to_imagenet_1k.json")
+
+
+def load_objectnet(name: str, root: Path, split: str, limit: int | None, source: str) -> FolderImages:
+    """clip_benchmark's ObjectNetDataset: the 113 ObjectNet classes that map to ImageNet-1k classes
+    (``objectnet_to_imagenet_1k.json``), each the image folder ``folder_to_objectnet_label.json`` names for it;
+    classes in sorted folder order, named by their ObjectNet label in lower case; images in ImageFolder's order."""
+    root = Path(root)
+    maps = []
+    for file in OBJECTNET_MAPS:
+        path = root / file
+        if not path.is_file():
+            raise DatasetError(f"dataset {name!r}: {path} not found (clip_benchmark copies objectnet-1.0/mappings/* "
+                               f"beside objectnet-1.0/; files: {source})")
+        try:
+            maps.append(json.loads(path.read_text(encoding="utf-8")))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DatasetError(f"{path}: not a JSON object ({e})") from e
+    folder_to_label, to_imagenet = maps
+    label_to_folder = {label: folder for folder, label in folder_to_label.items()}
+    unknown = [label for label in to_imagenet if label not in label_to_folder]
+    if unknown:
+        raise DatasetError(f"dataset {name!r}: {root / OBJECTNET_MAPS[1]} names {unknown[0]!r}, which "
+                           f"{OBJECTNET_MAPS[0]} has no folder for")
+    folders = sorted(label_to_folder[label] for label in to_imagenet)
+    images = root / "objectnet-1.0" / "images"
+    paths: list[Path] = []
+    labels: list[int] = []
+    for i, folder in enumerate(folders):
+        files = folder_images(images / folder)
+        paths += files
+        labels += [i] * len(files)
+    if not paths:
+        raise DatasetError(f"dataset {name!r}: no images under {images}/<folder>/ (files: {source})")
+    prompts = ClassPrompts([folder_to_label[f].lower() for f in folders], templates_for(name, "en"), "en",
+                           str(root))
+    return FolderImages(name=name, split=split, task="zeroshot_classification",
+                        labels=np.asarray(labels[:limit], dtype=np.int64), prompts=prompts, paths=paths[:limit],
+                        root=images, layout="objectnet")
+
+
+# -- PASCAL VOC 2007: VOCdevkit/VOC2007/{ImageSets/Main,Annotations,JPEGImages} ----------------------------------------
+VOC_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow", "diningtable",
+               "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor")
+
+
+@dataclass
+class VocImages(FolderImages):
+    """One sample per image (multilabel) or per annotated object, cropped to its box (voc2007)."""
+
+    boxes: list[tuple[int, int, int, int]] | None = None
+
+    def identity(self, memo: FileHashMemo) -> dict[str, Any]:
+        from clipcache.storage.hashing import digest
+
+        unique = sorted(set(self.paths))
+        boxes: list[Any] = list(self.boxes) if self.boxes else [None] * len(self.paths)
+        return {"format": self.layout, "images": memo.fingerprint(unique, root=self.root),
+                "samples": digest([[str(p.relative_to(self.root)), list(b) if b else None]
+                                   for p, b in zip(self.paths, boxes, strict=True)]),
+                "labels": digest(np.asarray(self.labels).tolist())}
+
+    def describe(self, index: int) -> str:
+        box = f" (object box {self.boxes[index]})" if self.boxes else ""
+        return f"{self.paths[index]}{box}"
+
+    def read_image_bytes(self, index: int) -> bytes | Image.Image:
+        if not self.boxes:
+            return self.paths[index].read_bytes()
+        try:
+            with Image.open(self.paths[index]) as img:
+                return img.convert("RGB").crop(self.boxes[index])
+        except Exception as e:  # PIL raises many types for bad data
+            raise DatasetError(f"image does not decode: {self.describe(index)} ({type(e).__name__}: {e})") from e
+
+
+def load_voc2007(name: str, root: Path, split: str, limit: int | None, source: str) -> VocImages:
+    """clip_benchmark's PASCALVoc2007 (``voc2007_multilabel``: each image with the multi-hot set of its objects'
+    classes) and PASCALVoc2007Cropped (``voc2007``: each object, in annotation order, its box cropped out): image ids
+    from ``ImageSets/Main/aeroplane_<split>.txt``, objects from ``Annotations/<id>.xml``."""
+    import xml.etree.ElementTree as ET
+
+    base = Path(root) / "VOCdevkit" / "VOC2007"
+    index_file = base / "ImageSets" / "Main" / f"aeroplane_{split}.txt"
+    if not index_file.is_file():
+        raise DatasetError(f"dataset {name!r}: {index_file} not found (files: {source})")
+    ids = [line.split()[0] for line in index_file.read_text(encoding="utf-8").splitlines() if line.split()]
+    category = {c: i for i, c in enumerate(VOC_CLASSES)}
+    objects: list[tuple[str, tuple[int, int, int, int], int]] = []
+    for image_id in ids:
+        xml = base / "Annotations" / f"{image_id}.xml"
+        try:
+            tree = ET.parse(xml)
+            for obj in tree.findall("object"):
+                box, label = obj.find("bndbox"), obj.findtext("name") or ""
+                if label not in category or box is None:
+                    raise ValueError(f"an object with name {label!r} (not a VOC class) or no bndbox")
+                coords = tuple(int(box.findtext(k) or "") for k in ("xmin", "ymin", "xmax", "ymax"))
+                objects.append((image_id, (coords[0], coords[1], coords[2], coords[3]), category[label]))
+        except (OSError, ET.ParseError, ValueError) as e:
+            raise DatasetError(f"dataset {name!r}: {xml} cannot be read ({type(e).__name__}: {e})") from e
+    images = base / "JPEGImages"
+    prompts = ClassPrompts(list(VOC_CLASSES), templates_for(name, "en"), "en", str(base))
+    if name == "voc2007_multilabel":
+        labels = np.zeros((len(ids), len(VOC_CLASSES)), dtype=np.uint8)
+        row = {image_id: i for i, image_id in enumerate(ids)}
+        for image_id, _, c in objects:
+            labels[row[image_id], c] = 1
+        paths = [images / f"{image_id}.jpg" for image_id in ids]
+        return VocImages(name=name, split=split, task="zeroshot_classification", labels=labels[:limit],
+                         prompts=prompts, multilabel=True, paths=paths[:limit], root=images,
+                         layout="voc2007-multilabel")
+    items = objects[:limit]
+    return VocImages(name=name, split=split, task="zeroshot_classification",
+                     labels=np.asarray([c for _, _, c in items], dtype=np.int64), prompts=prompts,
+                     paths=[images / f"{image_id}.jpg" for image_id, _, _ in items], root=images,
+                     layout="voc2007-cropped", boxes=[box for _, box, _ in items])
