@@ -131,11 +131,11 @@ class ShardedEncoder:
         if not roles or not isinstance(dataset, EvalDataset):
             return {}
         identity = dataset.identity(memo)
+        fields = {"image": image_key_fields(session, dataset.image_identity(memo), dataset.split,
+                                            prepared.source.limit),
+                  "caption": caption_key_fields(session, identity, dataset.split, prepared.source.limit)}
         memo.save()
-        fields = {"image": image_key_fields, "caption": caption_key_fields}
-        done = {role: self.encode(session, dataset, prepared, identity, role,
-                                  fields[role](session, identity, dataset.split, prepared.source.limit))
-                for role in roles}
+        done = {role: self.encode(session, dataset, prepared, identity, role, fields[role]) for role in roles}
         return {role: outcome for role, outcome in done.items() if outcome is not None}
 
     def encode(self, session: ModelSession, dataset: EvalDataset, prepared: Prepared, identity: dict[str, Any],

@@ -174,3 +174,29 @@ def test_annotation_file_replaces_the_default_captions_and_makes_its_own_experim
     assert annotation_option(None) == {} and annotation_option(str(other))["annotation_file"].startswith("two.json@")
     with pytest.raises(DatasetError, match=r"missing.json not found"):
         open_dataset("mscoco_captions", str(root), "test", None, annotation_file=str(tmp_path / "missing.json"))
+
+
+def test_languages_of_a_caption_set_share_one_image_entry(tmp_path):
+    """xtd10's languages list the same images: the second language encodes its captions only."""
+    root = tmp_path / "data"
+    for language in ("en", "it"):
+        write_layout("xtd10", root, "test", language)
+    memo, model_session = session()
+    store = EmbeddingStore(tmp_path / "cache")
+    for language in ("en", "it"):
+        evaluate_one("zeroshot_retrieval", model_session, DataSource("xtd10", str(root), "test", language=language),
+                     store, memo, encode=EncodeSettings(16, 2), score=ScoreSettings(recall_k=(1, 3), batch_size=16),
+                     prompts=PromptSettings(language=language))
+    assert len(store.keys()) == 3  # one image entry, a caption entry per language
+
+
+def test_crossmodal3600_without_its_annotation_file_reads_the_downloaded_captions(tmp_path):
+    """clip_benchmark builds crossmodal3600's annotation file offline from xm3600/captions.jsonl; so does clipcache
+    (in memory): the same samples as clip_benchmark's file."""
+    root = write_layout("crossmodal3600", tmp_path / "data", "test", "fr")
+    with_file = open_dataset("crossmodal3600", str(root), "test", None, language="fr")
+    (root / "crossmodal3600_captions-fr.json").unlink()
+    without = open_dataset("crossmodal3600", str(root), "test", None, language="fr")
+    assert without.captions == with_file.captions and without.paths == with_file.paths
+    _, samples = their_samples("crossmodal3600", root, "test", "fr")  # clip_benchmark writes the file again
+    assert without.captions == [list(target) for _, target in samples]

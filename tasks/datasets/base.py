@@ -138,6 +138,12 @@ class EvalDataset(ABC):
     def identity(self, memo: FileHashMemo) -> dict[str, Any]:
         """Everything that determines the samples' content (a content fingerprint for local files)."""
 
+    def image_identity(self, memo: FileHashMemo) -> dict[str, Any]:
+        """What determines the images alone (the image entry's key). A dataset whose captions or annotations can
+        change without its images changing (a caption file per language) narrows this, so every language shares
+        one image entry."""
+        return self.identity(memo)
+
     @abstractmethod
     def describe(self, index: int) -> str:
         """Where sample ``index`` comes from, for error messages (file, shard and member...)."""

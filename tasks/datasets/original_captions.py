@@ -38,6 +38,11 @@ class CaptionedImages(FolderImages):
     def identity(self, memo: FileHashMemo) -> dict[str, Any]:
         return {**super().identity(memo), "captions": memo.sha256(self.annotation)}
 
+    def image_identity(self, memo: FileHashMemo) -> dict[str, Any]:
+        """The image files in order, whatever caption file (language) lists them: Flickr's en and zh files, or the
+        eleven xtd10 languages, share one image entry."""
+        return {"format": "image-files", "images": memo.fingerprint(self.paths, root=self.root)}
+
 
 def load_flickr(name: str, root: Path, split: str, limit: int | None, *, language: str = "en",
                 annotation_file: str | None = None) -> CaptionedImages:
@@ -152,6 +157,8 @@ def load_captions_json(name: str, root: Path, split: str, limit: int | None, ent
         raise DatasetError(f"language: {language!r} is not available for dataset {name!r} (available: "
                            f"{', '.join(languages[:12])}{', ...' if len(languages) > 12 else ''})")
     annotation = Path(annotation_file) if annotation_file else root / entry["folder"].format(language=language)
+    if not annotation.is_file() and name == "crossmodal3600" and (root / "xm3600" / "captions.jsonl").is_file():
+        return _crossmodal3600_from_captions(name, root, split, limit, entry, language)
     if not annotation.is_file():
         raise DatasetError(f"dataset {name!r}: {annotation} not found (clip_benchmark writes it with "
                            f"{entry['source'].rsplit('made by ', 1)[-1]}(root, {language!r}), downloading the "
@@ -176,3 +183,28 @@ def load_captions_json(name: str, root: Path, split: str, limit: int | None, ent
     return CaptionedImages(name=name, split=split, task="zeroshot_retrieval", captions=[[c] for _, c in items],
                            paths=paths, root=root, layout=f"{name}-{language}", annotation=annotation,
                            languages=present or (language,))
+
+
+def _crossmodal3600_from_captions(name: str, root: Path, split: str, limit: int | None, entry: dict[str, Any],
+                                  language: str) -> CaptionedImages:
+    """What clip_benchmark's crossmodal3600.create_annotation_file derives offline from the downloaded
+    ``xm3600/captions.jsonl`` (read here, nothing written): each image present under ``xm3600/images/`` with its
+    first caption in ``language``."""
+    from clipcache.tasks.datasets.base import iter_jsonl_records
+
+    source = root / "xm3600" / "captions.jsonl"
+    paths, captions = [], []
+    for line_no, record in iter_jsonl_records(source, ("image/key",)):
+        path = root / "xm3600" / "images" / f"{record['image/key']}.jpg"
+        if not path.is_file():
+            continue  # clip_benchmark leaves out images it cannot find, and says how many
+        try:
+            captions.append(str(record[language]["caption"][0]))
+        except (KeyError, IndexError, TypeError) as e:
+            raise DatasetError(f"{source} line {line_no}: no {language!r} caption") from e
+        paths.append(path)
+    if not paths:
+        raise DatasetError(f"dataset {name!r}: none of the images {source} lists is under {source.parent / 'images'}")
+    return CaptionedImages(name=name, split=split, task="zeroshot_retrieval", captions=[[c] for c in captions[:limit]],
+                           paths=paths[:limit], root=root, layout=f"{name}-{language}", annotation=source,
+                           languages=tuple(entry["languages"]))

@@ -36,7 +36,7 @@ def encode_split_images(session: Any, dataset: EvalDataset, store: Any, memo: An
     ``cached_only`` a missing entry is a CacheMissError. Every task that reads images shares these entries."""
     from clipcache.tasks.encode.stage import check_cached, encode_images, image_key_fields
 
-    fields = image_key_fields(session, dataset.identity(memo), dataset.split, limit)
+    fields = image_key_fields(session, dataset.image_identity(memo), dataset.split, limit)
     memo.save()
     if settings.cached_only:
         check_cached(store, [(fields, f"image embeddings of {dataset.name} ({dataset.split} split)")])
@@ -79,8 +79,8 @@ def encode_images_and_captions(session: Any, prepared: Any, store: Any, memo: An
     started = time.perf_counter()
     dataset, sharded = prepared.data, sharded or {}
     identity = dataset.identity(memo)
+    image_fields = image_key_fields(session, dataset.image_identity(memo), dataset.split, prepared.source.limit)
     memo.save()
-    image_fields = image_key_fields(session, identity, dataset.split, prepared.source.limit)
     caption_fields = caption_key_fields(session, identity, dataset.split, prepared.source.limit)
     if settings.cached_only:
         check_cached(store, [(image_fields, f"image embeddings of {dataset.name}"),
