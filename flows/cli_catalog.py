@@ -20,6 +20,12 @@ def add_catalog_parsers(sub: argparse._SubParsersAction) -> None:
     m.set_defaults(handler=run_models)
 
 
+OWN_LAYOUTS = {"sugar_crepe": "SugarCrepe: val2017/ + <task>.json (clip_benchmark's layout)",
+               "winoground": "the datasets cache of facebook/winoground, or its Parquet files",
+               "custom": "evalscope's image_queries.jsonl", "imagefolder": "your <class>/<image> folders",
+               "image_labels": "your image_labels.csv or .jsonl + classnames.txt"}
+
+
 def catalog_rows(cache_dir: str, hub: str) -> list[dict]:
     """One row per name: clipcache's own datasets, then every name of clip_benchmark's builder and the hosted
     catalog, each with the layouts it is read from."""
@@ -31,7 +37,8 @@ def catalog_rows(cache_dir: str, hub: str) -> list[dict]:
 
     rows = []
     for name in DATASETS.names():
-        source = "bundled" if name.startswith("shapes") else "your files (--dataset_root)"
+        source = "bundled" if name.startswith("shapes") else OWN_LAYOUTS.get(name.split("/")[0],
+                                                                              "your files (--dataset_root)")
         if name not in REGISTERED_TASKS:  # a plugin: say which package adds it
             source = f"{source}; {DATASETS.origin(name)}"
         rows.append({"name": name, "task": registered_task(name), "original layout": source, "hosted": "",
