@@ -99,10 +99,11 @@ def build(name: str, entry: dict[str, Any], root: Path, split: str) -> Any:
         raise DatasetError(f"dataset {name!r} needs the {e.name} package to read {folder} "
                            f"(pip install {e.name})") from e
     except (RuntimeError, OSError, KeyError, ValueError, IndexError) as e:
-        what = "not found" if not folder.exists() else f"cannot be read by torchvision's {entry['class']} " \
-                                                       f"({type(e).__name__}: {e})"
-        raise DatasetError(f"dataset {name!r}: {folder} {what}; clip_benchmark reads it with torchvision's "
-                           f"{entry['class']} (files: {entry['source']})") from e
+        if not folder.exists():
+            raise DatasetError(f"dataset {name!r}: {folder} not found; clip_benchmark reads it with torchvision's "
+                               f"{entry['class']} (files: {entry['source']})") from e
+        raise DatasetError(f"dataset {name!r}: torchvision's {entry['class']} cannot read {folder} "
+                           f"({type(e).__name__}: {e}; files: {entry['source']})") from e
 
 
 def load_torchvision(name: str, entry: dict[str, Any], root: Path, split: str, limit: int | None,
