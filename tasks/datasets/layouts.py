@@ -58,11 +58,7 @@ def task_of(name: str) -> str:
 def describe(name: str) -> str:
     """One line for ``clipcache datasets``: the layout under --dataset_root."""
     entry = layouts()[name]
-    what = {"torchvision": f"torchvision {entry.get('class')}", "cifar": "torchvision pickles",
-            "imagenet": "ImageNet folders", "wnid_folder": "WordNet-id folders", "imagenetv2": "ImageNetV2 folders", "babel": "ImageNet folders", "objectnet": "ObjectNet folders + mappings",
-            "voc2007": "VOCdevkit",
-            "caltech101": "101_ObjectCategories", "imagefolder": "class folders", "flickr": "Karpathy captions",
-            "coco": "COCO Karpathy JSON", "captions_json": "clip_benchmark caption JSON"}[entry["reader"]]
+    what = f"torchvision {entry['class']}" if entry["reader"] == "torchvision" else READER_LABELS[entry["reader"]]
     return f"{what}: {entry['folder']}"
 
 
@@ -126,8 +122,9 @@ def present(name: str, root: Path, split: str) -> bool:
         return any(root.glob("coco_*_karpathy.json")) or (root / "val2014").is_dir()
     if reader == "captions_json":
         return any(root.glob(entry["folder"].format(language="*")))
-    if reader == "imagefolder":
-        return (root / ("train" if split == "train" else "test")).is_dir()
+    if reader == "imagefolder":  # class folders, not a webdataset split folder (<split>/nshards.txt)
+        folder = root / ("train" if split == "train" else "test")
+        return folder.is_dir() and not (folder / "nshards.txt").exists() and any(p.is_dir() for p in folder.iterdir())
     return (root / entry["folder"].split("/")[0].format(split=split)).exists()
 
 
@@ -228,3 +225,7 @@ READERS: dict[str, Callable[..., EvalDataset]] = {
     "coco": _coco, "captions_json": _captions_json,
 }
 RETRIEVAL_READERS = ("flickr", "coco", "captions_json")
+READER_LABELS = {"cifar": "torchvision pickles", "imagenet": "ImageNet folders", "wnid_folder": "WordNet-id folders",
+                 "imagenetv2": "ImageNetV2 folders", "babel": "ImageNet folders", "objectnet": "ObjectNet folders",
+                 "voc2007": "VOCdevkit", "caltech101": "101_ObjectCategories", "imagefolder": "class folders",
+                 "flickr": "Karpathy captions", "coco": "COCO Karpathy JSON", "captions_json": "caption JSON"}
