@@ -14,7 +14,8 @@ The model is an open_clip architecture with random weights, saved once to a chec
 (`--pretrained FILE`), fp32 (clip_benchmark `--no_amp`). Each tool runs as its own CLI process under
 `/usr/bin/time` (wall time and peak RSS); their recall@1/5/10 are compared. clipcache runs as it does by default
 (fp32: each distinct text once) and with `--amp` (bf16 autocast on the CPU); the largest recall@k difference to the
-peer is printed.
+peer is printed. With ``--parity`` clip_benchmark also runs with ``--num_workers 0``: its webdataset loader then
+batches images in dataset order, as clipcache does, and the recall@k of both are compared with that run too.
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ def main() -> None:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--only", choices=["distinct", "shared"], default=None, help="run one of the two datasets")
     parser.add_argument("--variants", default="fp32,amp", help="clipcache runs: fp32, amp (--amp)")
+    parser.add_argument("--parity", action="store_true",
+                        help="also run clip_benchmark with --num_workers 0 (its images then batched in dataset order, "
+                             "as clipcache batches them) and compare recall@k with that run too")
     args = parser.parse_args()
     variants = {"fp32": [], "amp": ["--amp"]}
     chosen = [v for v in args.variants.split(",") if v]
@@ -105,6 +109,14 @@ def main() -> None:
             peer_json = work / f"cb-{label}.json"
             peer = timed([str(BIN / "clip_benchmark"), "eval", "--model", args.model, "--pretrained", str(ckpt),
                           "--no_amp", *common, "--output", str(peer_json)], work)
+            serial = None
+            if args.parity:
+                serial_json = work / f"cb-{label}-w0.json"
+                serial_common = [*common[:common.index("--num_workers")], "--num_workers", "0",
+                                 *common[common.index("--num_workers") + 2:]]
+                timed([str(BIN / "clip_benchmark"), "eval", "--model", args.model, "--pretrained", str(ckpt),
+                       "--no_amp", *serial_common, "--output", str(serial_json)], work)
+                serial = json.loads(serial_json.read_text())["metrics"]
             runs = {}
             for variant, extra in ((v, variants[v]) for v in chosen):
                 out = work / f"out-{label}-{variant}"
@@ -122,6 +134,12 @@ def main() -> None:
                 diff = max(abs(metrics[k] - v) for k, v in theirs.items())
                 print(f"  {names[variant]:<24} {seconds:7.1f} s  peak RSS {rss:.2f} GB  {peer[0] / seconds:.2f}x "
                       f"clip_benchmark's fp32 speed; largest recall@k difference {diff:.4f}")
+                if serial is not None:
+                    print(f"  {'':<24} against clip_benchmark --num_workers 0: largest recall@k difference "
+                          f"{max(abs(metrics[k] - v) for k, v in serial.items()):.4f}")
+            if serial is not None:
+                print(f"  clip_benchmark itself, --num_workers 0 against {args.num_workers}: largest recall@k "
+                      f"difference {max(abs(serial[k] - v) for k, v in theirs.items()):.4f}")
 
 
 if __name__ == "__main__":
