@@ -164,6 +164,17 @@ def folder_images(folder: Path) -> list[Path]:
     return out
 
 
+def images_by_class(base: Path, classes: list[str]) -> tuple[list[Path], list[int]]:
+    """The images of each class folder ``base/<class>`` in turn (ImageFolder's order), labelled by position."""
+    paths: list[Path] = []
+    labels: list[int] = []
+    for i, c in enumerate(classes):
+        files = folder_images(base / c)
+        paths += files
+        labels += [i] * len(files)
+    return paths, labels
+
+
 def is_imagenet_folder(root: Path, split: str) -> bool:
     return has_wnid_folders(Path(root) / ("train" if split == "train" else "val"))
 
@@ -280,12 +291,7 @@ def load_class_folders(name: str, folder: Path, split: str, limit: int | None, p
     if len(classes) != len(prompts.classnames):
         raise DatasetError(f"dataset {name!r}: {folder} has {len(classes)} class folders, clip_benchmark names "
                            f"{len(prompts.classnames)} classes for it ({', '.join(prompts.classnames)})")
-    paths: list[Path] = []
-    labels: list[int] = []
-    for i, c in enumerate(classes):
-        files = folder_images(folder / c)
-        paths += files
-        labels += [i] * len(files)
+    paths, labels = images_by_class(folder, classes)
     if not paths:
         raise DatasetError(f"dataset {name!r}: no images under {folder}/<class>/")
     return FolderImages(name=name, split=split, task="zeroshot_classification",
@@ -354,12 +360,7 @@ def load_objectnet(name: str, root: Path, split: str, limit: int | None, source:
                            f"{OBJECTNET_MAPS[0]} has no folder for")
     folders = sorted(label_to_folder[label] for label in to_imagenet)
     images = root / "objectnet-1.0" / "images"
-    paths: list[Path] = []
-    labels: list[int] = []
-    for i, folder in enumerate(folders):
-        files = folder_images(images / folder)
-        paths += files
-        labels += [i] * len(files)
+    paths, labels = images_by_class(images, folders)
     if not paths:
         raise DatasetError(f"dataset {name!r}: no images under {images}/<folder>/ (files: {source})")
     prompts = ClassPrompts([folder_to_label[f].lower() for f in folders], templates_for(name, "en"), "en",
