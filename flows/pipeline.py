@@ -264,7 +264,7 @@ def eval_command(params: EvaluateParams, spec: ModelSpec, dataset: str, language
                 ("--task", None if params.task == "auto" else params.task),
                 ("--train_split", None if params.train_split == "train" else params.train_split),
                 ("--val_split", params.val_split),
-                ("--language", None if language == "en" else language),
+                ("--language", None if language == "en" else language), ("--annotation_file", params.annotation_file),
                 ("--limit", params.limit), ("--cache_dir", None if params.cache_dir == "cache" else params.cache_dir)]
     for flag, value in optional:
         if value is not None:
