@@ -322,6 +322,65 @@ def _(tmp):
             "text_retrieval", "--quiet", "--orchestrator", "local"], "test.tsv line 2"
 
 
+# -- clip_benchmark's original layouts (tests/layout_fixtures.py writes them) ------------------------------------------
+def original(tmp: Path, name: str, language: str = "en") -> tuple[Path, list[str]]:
+    from tests.layout_fixtures import write_layout
+
+    root = write_layout(name, tmp / name, "test", language)
+    return root, ["eval", *BASE, "--dataset", name, "--dataset_root", str(root), "--language", language]
+
+
+@case("original: COCO Karpathy JSON that does not parse")
+def _(tmp):
+    root, argv = original(tmp, "mscoco_captions")
+    (root / "coco_test_karpathy.json").write_text('{"images": [')
+    return argv, "coco_test_karpathy.json: not valid JSON"
+
+
+@case("original: a VOC annotation that is not XML")
+def _(tmp):
+    root, argv = original(tmp, "voc2007")
+    (root / "VOCdevkit" / "VOC2007" / "Annotations" / "000011.xml").write_text("<annotation><object>")
+    return argv, "000011.xml cannot be read (ParseError"
+
+
+@case("original: an ObjectNet mapping that is not JSON")
+def _(tmp):
+    root, argv = original(tmp, "objectnet")
+    (root / "folder_to_objectnet_label.json").write_text("alarm_clock: Alarm clock")
+    return argv, "folder_to_objectnet_label.json: not a JSON object"
+
+
+@case("original: Food-101 without its split file")
+def _(tmp):
+    root, argv = original(tmp, "food101")
+    (root / "food-101" / "meta" / "test.json").unlink()
+    return argv, "torchvision's Food101 cannot read"
+
+
+@case("original: a caption file item without a caption")
+def _(tmp):
+    root, argv = original(tmp, "xtd10", "it")
+    data = json.loads((root / "xtd10-it.json").read_text(encoding="utf-8"))
+    data["annotations"][0] = None
+    (root / "xtd10-it.json").write_text(json.dumps(data))
+    return argv, "xtd10-it.json: item 0 needs an image path and one caption"
+
+
+@case("original: a Caltech101 image that does not decode")
+def _(tmp):
+    root, argv = original(tmp, "caltech101")
+    first = next(p for p in sorted((root / "caltech101" / "101_ObjectCategories").rglob("image_0001.jpg")))
+    first.write_bytes(b"not a jpeg")
+    return argv, f"image does not decode: {first}"
+
+
+@case("original: a language the dataset does not have")
+def _(tmp):
+    _, argv = original(tmp, "pets")
+    return [*argv[:-1], "cn"], "language: 'cn' is not available for dataset 'pets' (available: en)"
+
+
 @case("imagefolder: no class folders")
 def _(tmp):
     (tmp / "empty").mkdir()
