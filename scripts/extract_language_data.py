@@ -83,7 +83,8 @@ def write_dataset_facts(folder: Path, target: Path) -> None:
     retrieval = {}
     for dataset, module in modules.items():
         mod = importlib.import_module(f"clip_benchmark.datasets.{module}")
-        retrieval[dataset] = {"file": mod.OUTPUT_FILENAME_TEMPLATE.replace("{}", "{language}"),
+        retrieval[dataset] = {"module": f"clip_benchmark.datasets.{module}",
+                              "file": mod.OUTPUT_FILENAME_TEMPLATE.replace("{}", "{language}"),
                               "languages": list(mod.SUPPORTED_LANGUAGES)}
     facts = {"_provenance": f"LAION clip_benchmark {version('clip-benchmark')} (MIT licence): datasets/builder.py "
                             f"imagenet_{{a,r,o}}_wnids (sorted) and each multilingual retrieval module's "

@@ -27,8 +27,9 @@ def layouts() -> dict[str, dict[str, Any]]:
     table = {k: v for k, v in _table().items() if not k.startswith("_")}
     for name, facts in dataset_facts()["multilingual_retrieval"].items():
         table[name] = {"reader": "captions_json", "folder": facts["file"], "splits": ["test"],
-                       "languages": facts["languages"], "source": f"clip_benchmark's {name} annotation files, "
-                       f"made by clip_benchmark.datasets.{MULTILINGUAL_MODULES[name]}.create_annotation_file"}
+                       "languages": facts["languages"], "maker": f"{facts['module']}.create_annotation_file",
+                       "source": f"clip_benchmark's {name} annotation files, made by "
+                                 f"{facts['module']}.create_annotation_file"}
     return table
 
 
@@ -40,10 +41,6 @@ def _table() -> dict[str, Any]:
 def not_read() -> dict[str, str]:
     """Names of clip_benchmark's builder that clipcache does not read from their original files, and why."""
     return dict(_table()["_not_read"])
-
-
-MULTILINGUAL_MODULES = {"multilingual_mscoco_captions": "multilingual_mscoco", "crossmodal3600": "crossmodal3600",
-                        "xtd10": "xtd10", "xtd200": "xtd200", "flickr30k-200": "flickr30k_200"}
 
 
 @cache

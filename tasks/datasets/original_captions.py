@@ -161,7 +161,7 @@ def load_captions_json(name: str, root: Path, split: str, limit: int | None, ent
         return _crossmodal3600_from_captions(name, root, split, limit, entry, language)
     if not annotation.is_file():
         raise DatasetError(f"dataset {name!r}: {annotation} not found (clip_benchmark writes it with "
-                           f"{entry['source'].rsplit('made by ', 1)[-1]}(root, {language!r}), downloading the "
+                           f"{entry['maker']}(root, {language!r}), downloading the "
                            f"images and captions)")
     data = _read_json(annotation, name)
     if not isinstance(data, dict) or not isinstance(data.get("image_paths"), list) \
