@@ -61,8 +61,8 @@ def describe(name: str) -> str:
 
 def languages_of(name: str) -> list[str] | None:
     """The languages clip_benchmark has ``name`` in (class names or captions), None for names not in the table."""
+    from clipcache.tasks.datasets.imagenet_layouts import babel_languages
     from clipcache.tasks.datasets.languages import languages
-    from clipcache.tasks.datasets.original import babel_languages
 
     entry = layouts().get(name)
     if entry is None:
@@ -105,14 +105,14 @@ def english_prompts(name: str, own: list[str], where: str) -> ClassPrompts:
 
 def present(name: str, root: Path, split: str) -> bool:
     """Whether ``root`` holds ``name`` in its original layout (rather than webdataset shards)."""
-    from clipcache.tasks.datasets import original, original_captions
+    from clipcache.tasks.datasets import imagenet_layouts, original_captions
 
     entry, root = layouts()[name], Path(root)
     reader = entry["reader"]
     if reader in ("imagenet", "babel"):
-        return original.is_imagenet_folder(root, split)
+        return imagenet_layouts.is_imagenet_folder(root, split)
     if reader == "wnid_folder":
-        return original.has_wnid_folders(root)
+        return imagenet_layouts.has_wnid_folders(root)
     if reader == "flickr":
         return original_captions.is_flickr_folder(name, root)
     if reader == "coco":
@@ -147,13 +147,13 @@ def _cifar(name, entry, root, split, limit, **_):
 
 
 def _imagenet(name, entry, root, split, limit, **_):
-    from clipcache.tasks.datasets.original import load_imagenet_folder
+    from clipcache.tasks.datasets.imagenet_layouts import load_imagenet_folder
 
     return load_imagenet_folder(name, root, split, limit)
 
 
 def _wnid_folder(name, entry, root, split, limit, **_):
-    from clipcache.tasks.datasets.original import load_wnid_folder
+    from clipcache.tasks.datasets.imagenet_layouts import load_wnid_folder
 
     subset = entry["classnames"].partition(":")[2]
     return load_wnid_folder(name, root, split, limit, dataset_facts()["imagenet_subsets"][subset] if subset else None,
@@ -161,7 +161,7 @@ def _wnid_folder(name, entry, root, split, limit, **_):
 
 
 def _babel(name, entry, root, split, limit, *, language="en", **_):
-    from clipcache.tasks.datasets.original import load_babel_imagenet
+    from clipcache.tasks.datasets.imagenet_layouts import load_babel_imagenet
 
     return load_babel_imagenet(name, root, split, limit, language)
 
@@ -179,7 +179,7 @@ def _voc2007(name, entry, root, split, limit, **_):
 
 
 def _imagenetv2(name, entry, root, split, limit, **_):
-    from clipcache.tasks.datasets.original import load_imagenetv2
+    from clipcache.tasks.datasets.imagenet_layouts import load_imagenetv2
 
     return load_imagenetv2(name, root, split, limit, english_prompts(name, [], str(root)))
 
