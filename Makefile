@@ -11,7 +11,7 @@ export DO_NOT_TRACK := 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv demo test test-fast test-faults lint clean
+.PHONY: venv demo test test-fast test-faults test-hostile lint clean
 
 venv: $(STAMP)
 
@@ -34,6 +34,9 @@ test-fast: $(STAMP)
 
 test-faults: $(STAMP)
 	$(VENV)/bin/python -m pytest -q tests/test_faults.py tests/test_bad_input_corpus.py
+
+test-hostile: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m hostile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -18,7 +18,7 @@ from pathlib import Path
 from clipcache.flows.convert_params import ConvertParams
 from clipcache.flows.stages import Stages
 from clipcache.storage.caption_cache import CaptionCache
-from clipcache.storage.experiment import slug
+from clipcache.storage.naming import path_component
 from clipcache.storage.results import write_json
 from clipcache.tasks.convert.beir import BeirCounts, write_beir
 from clipcache.tasks.convert.captioner import CaptionSettings, caption_images
@@ -34,6 +34,25 @@ def caption_dataset(dataset, settings: CaptionSettings, api_key: str, cache_dir:
                           label=dataset.name)
 
 
+def intact_conversion(result_path: Path, folder: Path, model_name: str, split: str) -> bool:
+    """``--skip_existing``: a complete conversion by this model whose BEIR folder still reads back with the counts its
+    result file recorded. A damaged or partial folder is converted again (captions come from the caption cache)."""
+    import json
+
+    from clipcache.storage.errors import ClipcacheError
+    from clipcache.tasks.convert.beir import read_beir
+
+    try:
+        saved = json.loads(result_path.read_text(encoding="utf-8"))
+        metrics = saved["metrics"]
+        if saved.get("model") != model_name or not metrics.get("conversion_successful"):
+            return False
+        corpus, queries, _ = read_beir(folder, split)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ClipcacheError):
+        return False
+    return (len(corpus), len(queries)) == (metrics.get("n_corpus"), metrics.get("n_queries"))
+
+
 def run_conversion(params: ConvertParams, stages: Stages) -> list[dict]:
     """Caption images into BEIR text-retrieval folders; returns evalscope-style result dicts."""
     progress = StageProgress(enabled=params.verbose)
@@ -44,20 +63,21 @@ def run_conversion(params: ConvertParams, stages: Stages) -> list[dict]:
                                    spec.timeout, spec.concurrency, spec.max_retries,
                                    stall_timeout=spec.stall_timeout)
         for name in params.datasets:
-            base = Path(params.output_dir) / spec.basename
-            result_path = base / f"{slug(name)}_image_caption.json"
-            if params.skip_existing and result_path.exists():
+            base = Path(params.output_dir) / spec.folder
+            stem = path_component(name)
+            result_path = base / f"{stem}_image_caption.json"
+            folder = base / stem / "retrieval_data"
+            if params.skip_existing and intact_conversion(result_path, folder, spec.model_name, params.split):
                 results.append({"dataset": name, "model": spec.model_name, "task": "image_caption",
                                 "status": "skipped"})
                 continue
-            where = f"{spec.basename}-{name}"
+            where = f"{spec.folder}-{stem}"
             source = DataSource(name, params.dataset_root, params.split, params.limit, params.hub, params.cache_dir,
                                 params.offline)
             # captions + queries need an image-text dataset
             dataset = stages.run("open-dataset", f"open-{name}", open_for, "zeroshot_retrieval", source, progress)
             run = stages.run("caption", f"caption-{where}", caption_dataset, dataset, settings, api_key,
                              params.cache_dir, progress)
-            folder = base / slug(name) / "retrieval_data"
             # A conversion with failed images is not the result: it goes beside it (retrieval_data.incomplete),
             # so a good earlier folder is never replaced by a worse one, and nothing empty poses as a result.
             complete = not run.failures
@@ -76,11 +96,11 @@ def run_conversion(params: ConvertParams, stages: Stages) -> list[dict]:
                 "save_path": str(target) if n_captioned else None,
             }
             payload = {"dataset": name, "model": spec.model_name, "task": "image_caption", "metrics": metrics}
-            report = result_path if complete else result_path.with_name(f"{slug(name)}_image_caption.incomplete.json")
+            report = result_path if complete else result_path.with_name(f"{stem}_image_caption.incomplete.json")
             write_json(report, payload)
             if complete:  # what an earlier, incomplete attempt left beside the result is superseded
                 shutil.rmtree(folder.with_name("retrieval_data.incomplete"), ignore_errors=True)
-                report.with_name(f"{slug(name)}_image_caption.incomplete.json").unlink(missing_ok=True)
+                report.with_name(f"{stem}_image_caption.incomplete.json").unlink(missing_ok=True)
             results.append(payload)
     return results
 

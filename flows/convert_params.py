@@ -42,6 +42,15 @@ class CaptionModelSpec(BaseModel):
     def basename(self) -> str:
         return self.model_name.rstrip("/").split("/")[-1]
 
+    @property
+    def folder(self) -> str:
+        """The model's output folder: evalscope's ``<model basename>`` for a plain name (``internvl2-8b``); for any
+        other name the basename plus a short hash of the whole name, so ``orgA/describer`` and ``orgB/describer``
+        never share a BEIR folder, and ``..`` or ``/`` never leave output_dir (storage/naming.py)."""
+        from clipcache.storage.naming import path_component
+
+        return path_component(self.basename, identity=self.model_name)
+
     def resolved_api_key(self, where: str = "api_key") -> str:
         if self.api_key is not None and self.api_key.get_secret_value():
             return self.api_key.get_secret_value()
@@ -64,6 +73,13 @@ class ConvertParams(BaseModel):
     cache_dir: str = "cache"
     skip_existing: bool = False
     verbose: bool = True
+
+    @field_validator("split")
+    @classmethod
+    def _plain_split(cls, value: str) -> str:
+        from clipcache.flows.params import plain_name
+
+        return plain_name(value) or value
 
     @field_validator("output_dir", "cache_dir")
     @classmethod

@@ -109,6 +109,24 @@ class EvaluateParams(BaseModel):
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
 
+    @field_validator("split", "train_split", "val_split")
+    @classmethod
+    def _plain_split(cls, value: str | None) -> str | None:
+        return plain_name(value)
+
+    @field_validator("output")
+    @classmethod
+    def _plain_output_fields(cls, value: str | None) -> str | None:
+        """A pattern with an attribute, index or unknown field fails here, not after the whole evaluation ran."""
+        if value is None:
+            return value
+        from clipcache.tasks.results import check_output_template
+
+        try:
+            return check_output_template(value)
+        except ClipcacheError as e:
+            raise ValueError(str(e).removeprefix("output: ")) from None
+
     @field_validator("task_runner")
     @classmethod
     def _known_runner(cls, value: str) -> str:
@@ -123,6 +141,7 @@ class EvaluateParams(BaseModel):
     def _no_blank_names(cls, value: list[str]) -> list[str]:
         if any(not name.strip() for name in value):
             raise ValueError("dataset names must not be empty")
+        check_printable(value, "dataset name")
         from clipcache.tasks.datasets.collections import expand_datasets
 
         try:  # clip_benchmark's collections (vtab, vtab+, retrieval, ...) and files of names, as its --dataset
@@ -174,6 +193,21 @@ class EvaluateParams(BaseModel):
         return list(dict.fromkeys(value))
 
     @model_validator(mode="after")
+    def _annotation_file_used(self) -> EvaluateParams:
+        """clip_benchmark's --annotation_file replaces a caption set's caption file; any other dataset would
+        silently ignore it."""
+        if self.annotation_file is None:
+            return self
+        from clipcache.tasks.datasets.layouts import annotation_datasets
+
+        takers = annotation_datasets()
+        for name in self.datasets:
+            if name not in takers:
+                raise ValueError(f"annotation_file: dataset {name!r} does not read an annotation file (it replaces "
+                                 f"the caption file of {', '.join(takers)})")
+        return self
+
+    @model_validator(mode="after")
     def _one_validation_source(self) -> EvaluateParams:
         if self.val_split is not None and self.val_proportion is not None:
             raise ValueError("val_split and val_proportion: give one of them (as clip_benchmark)")
@@ -209,6 +243,22 @@ class EvaluateParams(BaseModel):
 
     def prompt_settings(self, language: str) -> PromptSettings:
         return PromptSettings(language, self.classnames, self.templates)
+
+
+def plain_name(value: str | None) -> str | None:
+    """A split names folders and files (``<root>/<split>/``, ``qrels/<split>.tsv``): one plain path component."""
+    from clipcache.storage.naming import path_component
+
+    if value is not None and path_component(value) != value:
+        raise ValueError(f"{value!r} is not a plain name (letters, digits, '.', '-', '_'; no path separators)")
+    return value
+
+
+def check_printable(names: list[str], what: str) -> None:
+    """Names become file names and log lines: NUL and other control characters are refused by name."""
+    for name in names:
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+            raise ValueError(f"{what} {name!r} holds a control character (NUL, newline, ...)")
 
 
 def local_folder(value: str) -> str:

@@ -22,7 +22,7 @@ from clipcache.flows.params import EvaluateParams
 from clipcache.flows.stages import Stages
 from clipcache.storage import faults
 from clipcache.storage.embedding_store import EmbeddingStore
-from clipcache.storage.errors import ClipcacheError
+from clipcache.storage.errors import ClipcacheError, ConfigError
 from clipcache.storage.experiment import Experiment, options_json
 from clipcache.storage.hashing import FileHashMemo
 from clipcache.storage.paths import check_location, local_dir
@@ -199,12 +199,38 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
     return results
 
 
+def check_prompt_files(params: EvaluateParams) -> None:
+    """--classnames / --templates that no dataset of the run would read are refused before any work, not ignored:
+    every dataset's task takes no class names, or the file is an object keyed by datasets none of which is run."""
+    import json
+
+    given = {what: path for what, path in (("classnames", params.classnames), ("templates", params.templates)) if path}
+    if not given:
+        return
+    prompted = [d for d in params.datasets if choose_task(params, d).uses_prompts]
+    for what, path in given.items():
+        if not prompted:
+            raise ConfigError(f"{what}: {path} would be ignored: no dataset of this run ({', '.join(params.datasets)}) "
+                              f"is evaluated with class names and templates (zero-shot classification)")
+        if Path(path).suffix != ".json":
+            continue
+        try:
+            keys = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # read_text_list names the problem when the dataset is prepared
+        if isinstance(keys, dict) and not set(keys) & set(prompted):
+            shown = ", ".join(sorted(map(str, keys))[:8]) or "no dataset"
+            raise ConfigError(f"{what}: {path} holds lists for {shown}, none of which is a dataset of this run "
+                              f"({', '.join(prompted)}); the file would be ignored")
+
+
 def run_evaluation(params: EvaluateParams, stages: Stages, cached_only: bool) -> RunOutcome:
     """Every (model, dataset, language) of ``params``; the run row is written last, whatever happens."""
     from clipcache.flows.scaleout import ShardedEncoder, open_task_runner
 
     check_location(params.cache_dir, "cache_dir")
     check_location(params.output_dir, "output_dir")
+    check_prompt_files(params)
     run = RunInfo(new_run_id(), datetime.now(UTC))
     started = time.perf_counter()
     store = EmbeddingStore(params.cache_dir)

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from clipcache.storage.hashing import canonical_json, digest
+from clipcache.storage.naming import bounded, path_component
 from clipcache.storage.paths import AnyPath, as_path
 
 # The fields that identify an experiment; `pretrained` (a readable label) and `default_prompts` (derived) are not.
@@ -63,7 +64,7 @@ class Experiment:
         """What sets this experiment apart from the reference one of the same model, dataset and task."""
         out = []
         if self.language != "en":
-            out.append(self.language)
+            out.append(path_component(self.language))
         if self.precision != "fp32":
             out.append(self.precision)
         if self.sample_limit is not None:
@@ -73,17 +74,26 @@ class Experiment:
         options = self.option_values
         if options:
             text = "_".join(f"{k}-{v}" for k, v in sorted(options.items()))
-            out.append(slug(text) if len(text) <= 40 else f"options-{digest(options)[:8]}")
+            out.append(text if len(text) <= 40 and path_component(text) == text else f"options-{digest(options)[:8]}")
         return out
 
     def result_path(self, output_dir: str | AnyPath) -> AnyPath:
         """``<output_dir>/<model>/[<pretrained>/]<dataset>_<task>[.<qualifier>...].json``: evalscope's layout for the
-        reference experiment of a model without a pretrained tag, and a path of its own for every other."""
-        folder = as_path(output_dir) / slug(self.model_dir or self.model)
+        reference experiment of a model without a pretrained tag, and a path of its own for every other. Each part
+        is one path component (storage/naming.py): a name that is not already a safe file name (``wds/cifar10``,
+        ``..``, a NUL) gets a short hash of itself, so the path never leaves ``output_dir`` and two names never share
+        it. Names that share only a last path component (``orgA/clip``, ``orgB/clip``: evalscope's model folder)
+        are told apart when the file is written (tasks/results.py: ``result_file_for``)."""
+        folder = as_path(output_dir) / path_component(self.model_dir or self.model)
         if self.pretrained:
-            folder = folder / slug(self.pretrained)
-        name = ".".join([f"{slug(self.dataset)}_{self.task}", *self.qualifiers()])
-        return folder / f"{name}.json"
+            folder = folder / path_component(self.pretrained)
+        name = ".".join([f"{path_component(self.dataset)}_{self.task}", *self.qualifiers()])
+        return folder / f"{bounded(name)}.json"
+
+    def alternate_result_path(self, output_dir: str | AnyPath) -> AnyPath:
+        """Where this experiment's result goes when :meth:`result_path` already holds another experiment's."""
+        path = self.result_path(output_dir)
+        return path.with_name(f"{path.name.removesuffix('.json')}.{self.id[:8]}.json")
 
     def columns(self) -> dict[str, Any]:
         """The experiment's columns in a warehouse row."""

@@ -13,7 +13,8 @@ from datetime import datetime
 from pathlib import Path
 
 from clipcache.storage.errors import ConfigError
-from clipcache.storage.experiment import Experiment, slug
+from clipcache.storage.experiment import Experiment
+from clipcache.storage.naming import path_component, template_problem
 from clipcache.storage.paths import AnyPath, as_path
 from clipcache.storage.results import json_safe_metrics, write_json, write_metric_rows
 from clipcache.tasks.models.spec import ModelSpec
@@ -35,19 +36,67 @@ class RunInfo:
     created_at: datetime
 
 
+OUTPUT_FIELDS = ("model", "pretrained", "pretrained_full_path", "task", "dataset", "language")
+
+
+def check_output_template(template: str) -> str:
+    """clip_benchmark's ``--output`` pattern, checked before any work: plain ``{name}`` fields of
+    :data:`OUTPUT_FIELDS` only (no attribute or index access, which ``str.format`` would follow)."""
+    problem = template_problem(template, OUTPUT_FIELDS)
+    if problem:
+        raise ConfigError(f"output: {template!r} {problem}")
+    return template
+
+
 def clip_benchmark_output_path(template: str, spec: ModelSpec, experiment: Experiment) -> AnyPath:
-    """clip_benchmark's ``--output`` template fields: model, pretrained, pretrained_full_path, task, dataset, language."""
+    """clip_benchmark's ``--output`` template fields: model, pretrained, pretrained_full_path, task, dataset, language.
+    Each value is one path component (storage/naming.py): the pattern the user wrote decides the folders, a name
+    never adds any."""
+    check_output_template(template)
     pretrained = spec.pretrained or ""
     is_file = bool(pretrained) and os.path.isfile(pretrained)
     dataset = experiment.dataset.removeprefix("wds/")
+    values = {"model": spec.model_name.replace("/", "_"),
+              "pretrained": os.path.basename(pretrained) if is_file else pretrained,
+              "pretrained_full_path": pretrained.replace("/", "_"), "task": experiment.task, "dataset": dataset,
+              "language": experiment.language}
+    return as_path(template.format(**{k: path_component(v) if v else v for k, v in values.items()}))
+
+
+def result_file_for(experiment: Experiment, output_dir: str) -> AnyPath:
+    """The experiment's result file: :meth:`Experiment.result_path`, unless that file holds another experiment's
+    result (two models whose names share the last component share evalscope's folder), in which case a path of
+    its own (``<name>.<id prefix>.json``). One experiment's file is never replaced by another's."""
+    path = experiment.result_path(output_dir)
+    owner = _owner(path)
+    if owner is None or owner == experiment.id or (owner == "" and experiment.is_reference):
+        return path
+    return experiment.alternate_result_path(output_dir)
+
+
+def _clip_benchmark_identity(payload: dict) -> tuple:
+    return tuple(payload.get(k) for k in ("dataset", "model", "pretrained", "task", "language"))
+
+
+def _clip_benchmark_owner(path: AnyPath) -> tuple | None:
+    import json
+
     try:
-        return as_path(template.format(
-            model=spec.model_name.replace("/", "_"), pretrained=os.path.basename(pretrained) if is_file else pretrained,
-            pretrained_full_path=pretrained.replace("/", "_"), task=experiment.task, dataset=slug(dataset),
-            language=experiment.language))
-    except (KeyError, IndexError, ValueError) as e:
-        raise ConfigError(f"output: {template!r} is not a valid template (placeholders: {{model}}, {{pretrained}}, "
-                          f"{{pretrained_full_path}}, {{task}}, {{dataset}}, {{language}})") from e
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return _clip_benchmark_identity(saved) if isinstance(saved, dict) else None
+
+
+def _owner(path: AnyPath) -> str | None:
+    """The experiment id in a result file: None when there is no readable file, "" for a file without an id."""
+    import json
+
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return str(saved.get("experiment_id") or "") if isinstance(saved, dict) else None
 
 
 def metric_rows(run: RunInfo, experiment: Experiment, *, model_fingerprint: str, metrics: dict[str, float],
@@ -92,13 +141,17 @@ def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, *,
                        output_dir: str, output_template: str | None, dumps: dict | None = None) -> list[Path]:
     """``dumps``: what clip_benchmark's --dump_classnames / --dump_templates add to the JSON (classnames, templates)."""
     dumps = dumps or {}
-    paths = [write_json(experiment.result_path(output_dir), {**result_payload(spec, experiment, metrics, n_samples,
-                                                                                     tied), **dumps})]
+    paths = [write_json(result_file_for(experiment, output_dir), {**result_payload(spec, experiment, metrics,
+                                                                                   n_samples, tied), **dumps})]
     if output_template:
-        paths.append(write_json(clip_benchmark_output_path(output_template, spec, experiment), {
-            "dataset": experiment.dataset, "model": spec.model_name, "pretrained": spec.pretrained,
-            "task": experiment.task, "metrics": json_safe_metrics(metrics), "language": experiment.language,
-            **dumps}))
+        payload = {"dataset": experiment.dataset, "model": spec.model_name, "pretrained": spec.pretrained,
+                   "task": experiment.task, "metrics": json_safe_metrics(metrics), "language": experiment.language}
+        # clip_benchmark's file has no experiment id: a pattern that maps another model, dataset, task or language
+        # to an existing file gives this one a file of its own instead of replacing it.
+        target = clip_benchmark_output_path(output_template, spec, experiment)
+        if _clip_benchmark_owner(target) not in (None, _clip_benchmark_identity(payload)):
+            target = target.with_name(f"{target.stem}.{experiment.id[:8]}{target.suffix}")
+        paths.append(write_json(target, {**payload, **dumps}))
     rows = metric_rows(run, experiment, model_fingerprint=model_fingerprint, metrics=metrics, tied=tied,
                        n_samples=n_samples, cache_keys=cache_keys)
     paths.append(write_metric_rows(output_dir, run.run_id, rows))
@@ -106,14 +159,11 @@ def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, *,
 
 
 def existing_result(experiment: Experiment, output_dir: str) -> AnyPath | None:
-    """The result file of exactly this experiment, if one was written (``--skip_existing``)."""
-    import json
-
-    path = experiment.result_path(output_dir)
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    # a file written by clipcache 0.1 has no id: it is this experiment only if it is the reference one
-    return path if saved.get("experiment_id", experiment.id if experiment.is_reference else None) == experiment.id \
-        else None
+    """The result file of exactly this experiment, if one was written (``--skip_existing``): at its own path, or at
+    the path of its own it got because another experiment's file was there (:func:`result_file_for`)."""
+    for path in (experiment.result_path(output_dir), experiment.alternate_result_path(output_dir)):
+        owner = _owner(path)
+        # a file written by clipcache 0.1 has no id: it is this experiment only if it is the reference one
+        if owner == experiment.id or (owner == "" and experiment.is_reference):
+            return path
+    return None

@@ -14,6 +14,7 @@ import yaml
 
 from clipcache.flows.cli import main
 from clipcache.storage.errors import ConfigError
+from clipcache.storage.naming import path_component
 
 from conftest import REPO, replace_tar_member, write_image_queries, write_wds
 
@@ -171,7 +172,7 @@ def test_corrupt_image_fails_naming_it_or_is_skipped_and_counted(prefect_server,
     assert not list((dirs["out"]).glob("*/*.json"))  # nothing half-written
     code, out, err = cli(capsys, *base, "--on_bad_image", "skip", dirs=dirs)
     assert code == 0, err
-    saved = json.loads((dirs["out"] / "tiny-shapes-clip" / "wds_d_zeroshot_classification.json").read_text())
+    saved = json.loads((dirs["out"] / "tiny-shapes-clip" / f"{path_component('wds/d')}_zeroshot_classification.json").read_text())
     assert saved["metrics"]["skipped_images"] == 1
 
 

@@ -15,6 +15,7 @@ import zarr
 
 from clipcache.flows.cli import main
 from clipcache.storage.embedding_store import EmbeddingStore
+from clipcache.storage.naming import path_component
 from clipcache.storage.warehouse import connect
 
 from conftest import TINY_MODEL
@@ -93,7 +94,7 @@ def test_limited_runs_and_what_ifs_never_become_the_leaderboard_value(wds_classi
     out, cache = tmp_path / "out", tmp_path / "cache"
     base = ["--model", "tiny-shapes-clip", "--dataset", "wds/shapes_cls", "--dataset_root", str(wds_classification)]
     assert run_cli(capsys, "eval", *base, out=out, cache=cache)[0] == 0
-    reference = json.loads((out / "tiny-shapes-clip" / "wds_shapes_cls_zeroshot_classification.json").read_text())
+    reference = json.loads((out / "tiny-shapes-clip" / f"{path_component('wds/shapes_cls')}_zeroshot_classification.json").read_text())
     assert run_cli(capsys, "eval", *base, "--limit", "30", out=out, cache=cache)[0] == 0
     templates = tmp_path / "t.txt"
     templates.write_text("a blurry photo of a {c}.\n")
@@ -102,7 +103,7 @@ def test_limited_runs_and_what_ifs_never_become_the_leaderboard_value(wds_classi
     files = result_files(out)
     assert len(files) == 3 and any(".limit30." in f for f in files) and any(".prompts-" in f for f in files)
     # the reference result file was not overwritten
-    assert json.loads((out / "tiny-shapes-clip" / "wds_shapes_cls_zeroshot_classification.json").read_text()) == \
+    assert json.loads((out / "tiny-shapes-clip" / f"{path_component('wds/shapes_cls')}_zeroshot_classification.json").read_text()) == \
         reference
     con = connect(out)
     assert con.sql("select count(distinct experiment_id) from metrics").fetchall() == [(3,)]

@@ -16,6 +16,7 @@ import pytest
 from clipcache.flows.cli import main
 from clipcache.storage.cache_keys import AuxSpec
 from clipcache.storage.embedding_store import EmbeddingStore
+from clipcache.storage.naming import path_component
 
 
 def rewrite(store: EmbeddingStore, key: str, change) -> None:
@@ -117,7 +118,7 @@ def test_ties_reach_the_table_the_json_and_the_warehouse(tmp_path, capsys):
     assert code == 0
     header = next(line for line in table.splitlines() if "metric" in line and "value" in line)
     assert "ties" in header and "decided by torch.topk" in table
-    result = json.loads(next(out.rglob("wds_ties_zeroshot_retrieval.json")).read_text())
+    result = json.loads(next(out.rglob(f"{path_component('wds/ties')}_zeroshot_retrieval.json")).read_text())
     tied = duckdb.sql(f"SELECT sum(tied_queries) FROM read_parquet('{out}/warehouse/metrics/**/*.parquet')").fetchall()
     assert tied[0][0] > 0 and sum(result["tied_queries"].values()) == tied[0][0]
 

@@ -157,6 +157,11 @@ def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | N
             if name in layouts() and (name in original_names() or present(name, root, split)):
                 return open_original(name, root, split, limit, language=language, annotation_file=annotation_file)
             if name in layouts():
+                if annotation_file:
+                    entry = layouts()[name]
+                    raise DatasetError(f"dataset {name!r}: --annotation_file replaces the caption file of "
+                                       f"clip_benchmark's original layout, which is not under {root} "
+                                       f"({entry['folder']}); a webdataset copy has its captions inside")
                 try:
                     return load_webdataset(name, root, split, limit)
                 except DatasetError as e:

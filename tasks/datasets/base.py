@@ -78,6 +78,13 @@ def resolve_image_path(raw: str, base: Path) -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
+def template_problem(template: str) -> str | None:
+    """Why a class-name template is not plain text with ``{c}`` fields (storage/naming.py)."""
+    from clipcache.storage.naming import template_problem as problem
+
+    return problem(template, ("c",))
+
+
 @dataclass
 class ClassPrompts:
     """Class names and ``{c}`` templates for one language, with where they came from."""
@@ -86,6 +93,12 @@ class ClassPrompts:
     templates: list[str]
     language: str = "en"
     source: str = ""
+
+    def __post_init__(self) -> None:
+        # str.format would follow attributes and indexes, and a stray field is a KeyError deep in encoding
+        for template in self.templates:
+            if (problem := template_problem(template)) is not None:
+                raise DatasetError(f"{self.source or 'class prompts'}: the template {template!r} {problem}")
 
     def override(self, classnames: str | None, templates: str | None, dataset: str | None = None) -> ClassPrompts:
         """Replace class names and/or templates with the contents of files (validated). A file holding a JSON object
@@ -99,6 +112,9 @@ class ClassPrompts:
         temps = self.templates
         if templates and (given := read_text_list(templates, "templates", dataset)) is not None:
             temps = given
+            for template in temps:
+                if (problem := template_problem(template)) is not None:
+                    raise ConfigError(f"templates: {templates}: the template {template!r} {problem}")
             bad = [t for t in temps if "{c}" not in t]
             if bad or not temps:
                 raise ConfigError(f"templates: {templates} " + (f"has a template without {{c}}: {bad[0]!r}" if bad

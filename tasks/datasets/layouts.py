@@ -48,6 +48,11 @@ def dataset_facts() -> dict[str, Any]:
     return json.loads(SETS.read_text(encoding="utf-8"))
 
 
+def annotation_datasets() -> list[str]:
+    """The datasets whose caption file --annotation_file can replace (the caption sets' readers take one)."""
+    return [name for name, entry in layouts().items() if entry["reader"] in RETRIEVAL_READERS]
+
+
 def task_of(name: str) -> str:
     return "zeroshot_retrieval" if layouts()[name]["reader"] in RETRIEVAL_READERS else "zeroshot_classification"
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
-from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset
+from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset, template_problem
 
 IMAGE_EXTENSIONS = ("webp", "png", "jpg", "jpeg")
 _OPEN_LOCK = threading.Lock()
@@ -208,6 +208,9 @@ def _read_prompts(root: Path, name: str) -> ClassPrompts:
         if not path.exists():
             raise DatasetError(f"dataset {name!r}: {path} is missing (needed for zero-shot classification)")
     templates = [t for t in read_lines(templates_path) if t]
+    for template in templates:
+        if (problem := template_problem(template)) is not None:
+            raise DatasetError(f"{templates_path}: the template {template!r} {problem}")
     bad = [t for t in templates if "{c}" not in t]
     if bad:
         raise DatasetError(f"{templates_path}: template {bad[0]!r} has no {{c}} placeholder")

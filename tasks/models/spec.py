@@ -24,6 +24,14 @@ class ModelSpec(BaseModel):
     hub: Hub = Field("huggingface", description="where an 'org/name' id is fetched from when model_type is auto "
                                                 "(local: model_name is a folder, evalscope's HubType.LOCAL)")
 
+    @field_validator("model_name", "pretrained", "revision")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        # names become folder names, cache-key text and log lines
+        if value is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            raise ValueError(f"{value!r} holds a control character (NUL, newline, ...)")
+        return value
+
     @field_validator("model_type")
     @classmethod
     def _registered(cls, value: str) -> str:
