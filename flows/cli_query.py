@@ -7,10 +7,10 @@ import csv
 import json
 import math
 import sys
-from datetime import date, datetime
+from datetime import date, datetime, time
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 
 def check_output_dir(output_dir: str) -> None:
@@ -35,12 +35,16 @@ def add_query_parser(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--allow_writes", "--allow-writes", dest="allow_writes", action="store_true",
                    help="lift the read-only guard (any statement, any file)")
     q.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
-    q.add_argument("--out", default=None, help="write to this file instead of standard output (required for parquet)")
+    q.add_argument("--out", default=None, help="write to this file instead of standard output (required for "
+                                               "parquet); written whole or not at all, never inside the warehouse "
+                                               "or the cache folder")
+    q.add_argument("--cache_dir", "--cache-dir", dest="cache_dir", default="cache",
+                   help="the embedding cache, which --out may not write into (default: cache)")
     q.set_defaults(handler=run_query)
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, datetime | date):
+    if isinstance(value, datetime | date | time):
         return value.isoformat()
     if isinstance(value, Decimal):
         return float(value)
@@ -49,63 +53,75 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _render(columns: list[str], rows: list[tuple], fmt: str, stream: TextIO) -> None:
+    if fmt == "csv":
+        writer = csv.writer(stream)
+        writer.writerow(columns)
+        writer.writerows(rows)
+    elif fmt == "json":
+        # default=str: UUIDs, intervals, blobs... print as DuckDB spells them rather than stop the export
+        json.dump([{c: _jsonable(v) for c, v in zip(columns, row, strict=True)} for row in rows], stream, indent=1,
+                  default=str)
+        stream.write("\n")
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table()
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*("" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v) for v in row))
+        Console(file=stream, width=None if stream.isatty() else 160).print(table)
+
+
 def run_query(args: argparse.Namespace) -> int:
     import duckdb
 
+    from clipcache.storage.atomic import atomic_write
     from clipcache.storage.errors import ConfigError, ResultsError
-    from clipcache.storage.warehouse import check_read_only, open_warehouse
+    from clipcache.storage.warehouse import check_export_path, check_read_only, open_warehouse, sql_statements
 
     check_output_dir(args.output_dir)
+    sql_statements(args.sql)
     if not args.allow_writes:
         check_read_only(args.sql)
-    if args.out and not Path(args.out).parent.exists():
-        raise ConfigError(f"--out: folder {Path(args.out).parent} does not exist")
+    if args.format == "parquet" and not args.out:
+        raise ConfigError("--format parquet needs --out FILE")
+    out = check_export_path(args.out, args.output_dir, cache_dir=args.cache_dir) if args.out else None
+    if out is not None and not out.parent.is_dir():
+        raise ConfigError(f"--out: folder {out.parent} does not exist")
     warehouse = open_warehouse(args.output_dir, read_only=not args.allow_writes)
     problems = warehouse.problems_for(args.sql)
     if problems:
         raise ResultsError(f"{problems[0]}; move it out of the warehouse (`clipcache results verify` lists every "
                            f"such file)")
+    # Every row is fetched before anything is written: DuckDB reports most errors (a failed cast, error()) only
+    # while it produces rows, and a failed query must leave no file, not half of one.
     try:
         relation = warehouse.con.sql(args.sql)
+        if relation is None:
+            return 0  # a statement without a result (e.g. SET)
+        if args.format == "parquet":
+            table = relation.to_arrow_table()  # written by us, not DuckDB: the query itself may not touch files
+        else:
+            columns, rows = relation.columns, relation.fetchall()
     except duckdb.Error as e:
-        raise ResultsError(f"query failed: {str(e).strip().splitlines()[0]}") from e
-    if relation is None:
-        return 0  # a statement without a result (e.g. SET)
-    if args.format == "parquet":
-        if not args.out:
-            raise ConfigError("--format parquet needs --out FILE")
+        raise ResultsError(f"query failed: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from e
+    if out is None:
+        _render(columns, rows, args.format, sys.stdout)
+    elif args.format == "parquet":
         import pyarrow.parquet as pq
 
-        from clipcache.storage.atomic import atomic_write
-
-        table = relation.to_arrow_table()  # written by us, not DuckDB: the query itself may not touch files
-        atomic_write(Path(args.out), lambda tmp: pq.write_table(table, tmp))
-        return 0
-    columns, rows = relation.columns, relation.fetchall()
-    stream = open(args.out, "w", newline="", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
-    try:
-        if args.format == "csv":
-            writer = csv.writer(stream)
-            writer.writerow(columns)
-            writer.writerows(rows)
-        elif args.format == "json":
-            json.dump([{c: _jsonable(v) for c, v in zip(columns, row, strict=True)} for row in rows], stream,
-                      indent=1)
-            stream.write("\n")
-        else:
-            from rich.console import Console
-            from rich.table import Table
-
-            table = Table()
-            for column in columns:
-                table.add_column(column)
-            for row in rows:
-                table.add_row(*("" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v) for v in row))
-            Console(file=stream, width=None if stream.isatty() else 160).print(table)
-    finally:
-        if args.out:
-            stream.close()
+        atomic_write(out, lambda tmp: pq.write_table(table, tmp))
+    else:
+        atomic_write(out, lambda tmp: _render_file(columns, rows, args.format, tmp))
     return 0
+
+
+def _render_file(columns: list[str], rows: list[tuple], fmt: str, path: Path) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as stream:
+        _render(columns, rows, fmt, stream)
 
 
 def add_results_parser(sub: argparse._SubParsersAction) -> None:
@@ -173,7 +189,10 @@ def run_report(args: argparse.Namespace) -> int:
     from clipcache.flows.launch import report
     from clipcache.flows.params import validate
     from clipcache.flows.reporting import ReportParams
+    from clipcache.storage.warehouse import check_export_path
 
+    if args.out:  # named by its flag here; ReportParams checks the same for deployments and Python calls
+        check_export_path(args.out, args.output_dir)
     params = validate(ReportParams, {"output_dir": args.output_dir, "report_path": args.out})
     check_output_dir(args.output_dir)
     path = report(params)

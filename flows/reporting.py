@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from clipcache.flows.params import local_folder
 from clipcache.flows.stages import Stages
@@ -22,6 +22,19 @@ class ReportParams(BaseModel):
     @classmethod
     def _local(cls, value: str) -> str:
         return local_folder(value)
+
+    @model_validator(mode="after")
+    def _outside_the_results(self) -> ReportParams:
+        """The page must not land on (or among) the result files it reports on."""
+        from clipcache.storage.errors import ConfigError
+        from clipcache.storage.warehouse import check_export_path
+
+        if self.report_path is not None:
+            try:
+                check_export_path(self.report_path, self.output_dir, flag="report_path")
+            except ConfigError as e:
+                raise ValueError(str(e)) from e
+        return self
 
 
 def run_report(params: ReportParams, stages: Stages) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -115,7 +116,7 @@ def _write_table(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> P
     return path
 
 
-def warehouse_dir(output_dir: str | Path) -> AnyPath:
+def warehouse_dir(output_dir: str | os.PathLike) -> AnyPath:
     """``<output_dir>/warehouse``; ``output_dir`` may be an fsspec URL (storage/paths.py)."""
     return as_path(output_dir) / "warehouse"
 
@@ -144,39 +145,136 @@ V1_COLUMNS = {
 }
 
 
-def covered_files(folder: AnyPath) -> set[str]:
-    """Names of files whose rows live on in a compacted file (storage/compaction.py)."""
+COMPACTED_PREFIX = "compacted-"
+
+
+def _compacted_sources(path: AnyPath, table: str) -> tuple[set[str], str | None]:
+    """(names of the files whose rows a compacted file holds, why it cannot be read as one or None). A compacted
+    file is checked like any other result file first: its ``source_file`` column decides which files the views
+    hide, so only a file of the table's schema may decide it."""
+    problem = _schema_problem(path, table)
+    if problem:
+        return set(), problem
+    try:
+        with path.open("rb") as fh:
+            parquet = pq.ParquetFile(fh)
+            if SOURCE_COLUMN not in parquet.schema_arrow.names:
+                return set(), None  # covers nothing: read as a file of its own
+            column = parquet.read(columns=[SOURCE_COLUMN]).column(SOURCE_COLUMN)
+    except (OSError, pa.ArrowException) as e:
+        return set(), f"{path}: not a readable Parquet file ({_one_line(e)})"
+    if not pa.types.is_string(column.type):
+        return set(), f"{path}: not a clipcache {table} file (column {SOURCE_COLUMN} is {column.type}, not string)"
+    counts = {row["values"]: row["counts"] for row in pa.compute.value_counts(column).to_pylist() if row["values"]}
+    # A file it names that is still there (a compaction interrupted before its sources went) must be one it holds
+    # whole, row for row: one that names files it does not hold would hide, and `results compact` would delete,
+    # rows it does not have.
+    present = [name for name in sorted(counts) if (path.parent / name).exists()]
+    if present:
+        try:
+            with path.open("rb") as fh:
+                held = pq.read_table(fh)
+        except (OSError, pa.ArrowException) as e:
+            return set(), f"{path}: not a readable Parquet file ({_one_line(e)})"
+        for name in present:
+            if not _holds(held, path.parent / name, name, table):
+                return set(), f"{path}: names {name} as absorbed but does not hold its rows (not a compaction of " \
+                              f"this warehouse)"
+    return set(counts), None
+
+
+def _holds(compacted: pa.Table, source: AnyPath, name: str, table: str) -> bool:
+    """Whether ``compacted`` holds exactly the rows of ``source`` (over the columns every schema has)."""
+    try:
+        with source.open("rb") as fh:
+            rows = pq.read_table(fh)
+    except (OSError, pa.ArrowException):
+        return True  # the source's own problem is named when it is read
+    columns = [c for c in V1_COLUMNS[table] if c in rows.column_names and c in compacted.column_names]
+    mine = compacted.filter(pa.compute.equal(compacted.column(SOURCE_COLUMN), name))
+    if len(mine) != len(rows):
+        return False
+
+    def key(t: pa.Table) -> list[str]:
+        return sorted(repr(r) for r in t.select(columns).to_pylist())
+
+    return key(mine) == key(rows)
+
+
+def _table_of(folder: AnyPath, table: str | None) -> str:
+    return table or folder.name
+
+
+def published_files(folder: AnyPath, table: str | None = None) -> tuple[list[AnyPath], list[str]]:
+    """(the files the views read: published, not absorbed by a compacted file, and no compacted file that cannot be
+    read as one; the problems of the compacted files left out). ``table`` defaults to the folder's name."""
+    if not folder.exists():
+        return [], []
+    table = _table_of(folder, table)
+    files = sorted(folder.glob("*.parquet"))
+    hidden: set[str] = set()
+    bad: dict[str, str] = {}
+    for f in files:
+        if f.name.startswith(COMPACTED_PREFIX):
+            names, problem = _compacted_sources(f, table)
+            hidden |= names
+            if problem:
+                bad[f.name] = problem
+    return [f for f in files if f.name not in hidden and f.name not in bad], list(bad.values())
+
+
+def covered_files(folder: AnyPath, table: str | None = None) -> set[str]:
+    """Names of files whose rows live on in a compacted file (storage/compaction.py). A compacted file that is not
+    one of ``table``'s (default: the folder's name) covers nothing."""
     names: set[str] = set()
-    for f in folder.glob("compacted-*.parquet"):
-        with f.open("rb") as fh:
-            column = pq.read_table(fh, columns=[SOURCE_COLUMN]).column(SOURCE_COLUMN)
-        names.update(v for v in pa.compute.unique(column).to_pylist() if v)
+    if not folder.exists():
+        return names
+    for f in folder.glob(f"{COMPACTED_PREFIX}*.parquet"):
+        names |= _compacted_sources(f, _table_of(folder, table))[0]
     return names
 
 
-def visible_files(folder: AnyPath) -> list[AnyPath]:
-    """Published result files whose rows are not already in a compacted file (temporary files are never listed)."""
+def visible_files(folder: AnyPath, table: str | None = None) -> list[AnyPath]:
+    """Published result files whose rows are not already in a compacted file (temporary files are never listed);
+    a foreign or damaged compacted file is listed, for :func:`file_problem` to name."""
     if not folder.exists():
         return []
-    hidden = covered_files(folder)
+    hidden = covered_files(folder, table)
     return [f for f in sorted(folder.glob("*.parquet")) if f.name not in hidden]
 
 
-REQUIRED_COLUMNS = {"metrics": {"run_id", "model", "dataset", "task", "metric", "value"},
-                    "runs": {"run_id", "status", "created_at"}}
+# schema_version: every release wrote it (tests/fixtures/warehouse_release_0_1), and `schema_versions` reads it.
+REQUIRED_COLUMNS = {"metrics": {"run_id", "model", "dataset", "task", "metric", "value", "schema_version"},
+                    "runs": {"run_id", "status", "created_at", "schema_version"}}
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def _schema_problem(path: AnyPath, table: str) -> str | None:
+    try:
+        with path.open("rb") as fh:
+            schema = pq.read_schema(fh)
+    except (OSError, pa.ArrowException) as e:
+        return f"{path}: not a readable Parquet file ({_one_line(e)})"
+    if len(set(schema.names)) < len(schema.names):
+        return f"{path}: not a clipcache {table} file (a column name occurs twice)"
+    missing = REQUIRED_COLUMNS[table] - set(schema.names)
+    if missing:
+        return f"{path}: not a clipcache {table} file (no column {', '.join(sorted(missing))})"
+    version = schema.field("schema_version").type
+    if not pa.types.is_integer(version):
+        return f"{path}: not a clipcache {table} file (column schema_version is {version}, not an integer)"
+    return None
 
 
 def file_problem(path: AnyPath, table: str) -> str | None:
-    """Why a result file cannot be part of ``table`` (unreadable, not Parquet, foreign columns), or None."""
-    try:
-        with path.open("rb") as fh:
-            names = set(pq.read_schema(fh).names)
-    except (OSError, pa.ArrowException) as e:
-        return f"{path}: not a readable Parquet file ({e})"
-    missing = REQUIRED_COLUMNS[table] - names
-    if missing:
-        return f"{path}: not a clipcache {table} file (no column {', '.join(sorted(missing))})"
-    return None
+    """Why a result file cannot be part of ``table`` (unreadable, not Parquet, foreign columns, a compacted file
+    whose list of absorbed files cannot be read), or None."""
+    if path.name.startswith(COMPACTED_PREFIX):
+        return _compacted_sources(path, table)[1]
+    return _schema_problem(path, table)
 
 
 def schema_versions(path: AnyPath) -> set[int]:

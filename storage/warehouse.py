@@ -21,13 +21,14 @@ setting, so a query tool wired into dashboards can read the results and nothing 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 
-from clipcache.storage.errors import ResultsError
-from clipcache.storage.paths import AnyPath, is_remote, url
-from clipcache.storage.results import TABLES, file_problem, visible_files, warehouse_dir
+from clipcache.storage.errors import ConfigError, ResultsError
+from clipcache.storage.paths import AnyPath, as_path, is_remote, url
+from clipcache.storage.results import TABLES, file_problem, physical_schema, published_files, warehouse_dir
 
 # A leaderboard entry: one latest reference run is chosen per grain (dbt_reports/models/marts/latest_metrics.sql).
 LEADERBOARD_GRAIN = ("model", "checkpoint", "dataset", "split", "language", "task", "precision")
@@ -63,28 +64,37 @@ def _table_view(con: duckdb.DuckDBPyConnection, name: str, folder: AnyPath) -> l
     """``CREATE VIEW name`` over the table's readable files; returns the problems of files it had to leave out.
     Columns that no file has yet (files of an older release) read as typed nulls."""
     schema: pa.Schema = TABLES[name]
-    files = visible_files(folder)
-    problems: list[str] = []
-    for _ in range(2):
-        if not files:
-            con.register(f"_{name}_empty", schema.empty_table())  # a typed empty view: queries work before any run
-            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{name}_empty")
-            return problems
+    known = set(physical_schema(schema).names)
+    files, problems = published_files(folder, name)
+    checked = False
+    while files:
+        error: duckdb.Error | None = None
+        present: set[str] = set()
         try:
             con.execute(f"CREATE OR REPLACE VIEW _{name}_files AS SELECT * FROM read_parquet([{_quoted(files)}], "
                         f"union_by_name = true)")
             present = {row[0] for row in con.sql(f"DESCRIBE _{name}_files").fetchall()}
-            columns = ", ".join(f.name if f.name in present else f"CAST(NULL AS {DUCKDB_TYPES[f.type]}) AS {f.name}"
-                                for f in schema)
-            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT {columns} FROM _{name}_files")
-            return problems
-        except duckdb.Error:  # find the culprits (only now: in the common case nothing is read twice)
-            checked = [(f, file_problem(f, name)) for f in files]
-            problems += [p for _, p in checked if p]
-            files = [f for f, p in checked if p is None]
-            if not problems:
-                raise
-    raise ResultsError(f"cannot read the {name} files under {folder}")
+        except duckdb.Error as e:
+            error = e
+        # Find the culprits only now (in the common case no file is read twice): DuckDB could not read the files,
+        # or one of them has a column clipcache never writes (a foreign file, whose rows would read as nulls).
+        if not checked and (error is not None or present - known):
+            checked = True
+            found = [(f, file_problem(f, name)) for f in files]
+            if any(p for _, p in found):
+                problems += [p for _, p in found if p]
+                files = [f for f, p in found if p is None]
+                continue
+        if error is not None:
+            raise ResultsError(f"cannot read the {name} files under {folder} "
+                               f"({str(error).strip().splitlines()[0]})") from error
+        columns = ", ".join(f.name if f.name in present else f"CAST(NULL AS {DUCKDB_TYPES[f.type]}) AS {f.name}"
+                            for f in schema)
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT {columns} FROM _{name}_files")
+        return problems
+    con.register(f"_{name}_empty", schema.empty_table())  # a typed empty view: queries work before any run
+    con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _{name}_empty")
+    return problems
 
 
 def _derived_views(con: duckdb.DuckDBPyConnection) -> None:
@@ -125,14 +135,44 @@ def connect(output_dir: str | os.PathLike = "outputs", database: str = ":memory:
     return warehouse.con
 
 
-def check_read_only(sql: str) -> None:
-    """Refuse anything but SELECT / EXPLAIN (no COPY, ATTACH, CREATE, SET, INSERT...)."""
+def sql_statements(sql: str) -> list[duckdb.Statement]:
+    """The statements of ``sql``; ConfigError when there is none (empty, blank, only comments or ``;``)."""
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as e:
         raise ResultsError(f"query failed: {str(e).splitlines()[0]}") from e
-    for statement in statements:
+    if not statements:
+        raise ConfigError("query: no SQL statement given")
+    return statements
+
+
+def check_read_only(sql: str) -> None:
+    """Refuse anything but SELECT / EXPLAIN (no COPY, ATTACH, CREATE, SET, INSERT...)."""
+    for statement in sql_statements(sql):
         kind = statement.type.name
         if kind not in ALLOWED_STATEMENTS:
             raise ResultsError(f"query: {kind} statements are not allowed; clipcache query only reads the results "
                                f"(pass --allow_writes to lift this)")
+
+
+def check_export_path(out: str | os.PathLike, output_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
+                      flag: str = "--out") -> Path:
+    """``out`` as a path to write an export or a report to, or ConfigError: never a file inside the warehouse or the
+    embedding cache (symlinks followed: an export written there would replace results or cache entries, or read as
+    one), never a folder."""
+    target = Path(out)
+    resolved = target.resolve()
+    shown = f"{target} (-> {resolved})" if resolved != target.absolute() else str(target)
+    protected = [("the results warehouse", warehouse_dir(output_dir))]
+    if cache_dir is not None:
+        protected.append(("the embedding cache", as_path(cache_dir)))
+    for what, folder in protected:
+        if is_remote(folder):
+            continue  # a local file cannot land in a bucket
+        folder = Path(folder).resolve()
+        if resolved == folder or resolved.is_relative_to(folder):
+            raise ConfigError(f"{flag}: {shown} is inside {what} ({folder}); write it elsewhere, it would replace "
+                              f"or add files there")
+    if resolved.is_dir():
+        raise ConfigError(f"{flag}: {shown} is a folder; name a file to write")
+    return target

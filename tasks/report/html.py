@@ -8,6 +8,8 @@ from pathlib import Path
 
 import duckdb
 
+from clipcache.storage.atomic import atomic_write_text
+
 PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px 40px;color:#1f2328;background:#fff}
@@ -118,7 +120,6 @@ def curve_svg(series: dict[str, list[tuple[int, float]]]) -> str:
 
 
 def render_report(database: Path, out: Path, history_rows: int = 200) -> Path:
-    # dbt-duckdb may still hold this file open in this process; a second connection must use the same config.
     con = duckdb.connect(str(database))
     # model_label: the model, its checkpoint label and a non-fp32 precision (two checkpoints are two rows)
     summary = con.sql("select model, pretrained, task, n_datasets, macro_average, newest_result from model_summary "
@@ -176,6 +177,5 @@ def render_report(database: Path, out: Path, history_rows: int = 200) -> Path:
     ]
     page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>clipcache report</title>"
             f"<style>{CSS}</style></head><body>{''.join(sections)}</body></html>")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    atomic_write_text(out, page)  # a reader (or an interrupted run) sees the old page or the new one, whole
     return out
