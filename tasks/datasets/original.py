@@ -6,7 +6,8 @@ readers of cifar10/100, caltech101, class folders (fer2013), objectnet and voc20
 
 - ``cifar10``: ``<root>/cifar-10-batches-py/`` (``data_batch_1`` .. ``data_batch_5``, ``test_batch``,
   ``batches.meta``); ``cifar100``: ``<root>/cifar-100-python/`` (``train``, ``test``, ``meta``). Python pickles of
-  3,072-byte rows (3 x 32 x 32, channel-major), as torchvision's CIFAR10/CIFAR100 read them: rows in file order,
+  3,072-byte rows (3 x 32 x 32, channel-major), as torchvision's CIFAR10/CIFAR100 read them (but with
+  ``safe_pickle.py``, which runs no code from them, where torchvision calls ``pickle.load``): rows in file order,
   the train split the five batches in order. Class names are the files' own (``label_names`` / ``fine_label_names``),
   as clip_benchmark keeps torchvision's; templates are clip_benchmark's for the dataset in the chosen language
   (tasks/datasets/prompts/clip_benchmark.json), falling back to its ImageNet templates as it does.
@@ -29,6 +30,7 @@ from PIL import Image
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset
+from clipcache.tasks.datasets.safe_pickle import load_dataset_pickle
 
 PROMPTS = Path(__file__).with_name("prompts") / "clip_benchmark.json"
 @dataclass(frozen=True)
@@ -87,10 +89,16 @@ def _unpickle(path: Path, name: str, url: str) -> dict:
         raise DatasetError(f"dataset {name!r}: {path} not found (clip_benchmark gets it through torchvision from "
                            f"{url}; unpack it under --dataset_root)")
     try:
-        with open(path, "rb") as f:
-            return pickle.load(f, encoding="latin1")  # noqa: S301 - the user's own dataset files, as torchvision
-    except (pickle.UnpicklingError, EOFError, ValueError, OSError) as e:
+        batch = load_dataset_pickle(path)  # NumPy arrays and containers only: a pickle from the folder runs no code
+    except DatasetError:
+        raise
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
+            OSError) as e:  # pickle raises any of these for a damaged file
         raise DatasetError(f"dataset {name!r}: {path} is not a CIFAR pickle ({type(e).__name__}: {e})") from e
+    if not isinstance(batch, dict):
+        raise DatasetError(f"dataset {name!r}: {path} is not a CIFAR pickle (it holds a {type(batch).__name__}, not "
+                           f"a dict)")
+    return batch
 
 
 def load_cifar(name: str, root: Path, split: str, limit: int | None) -> ArrayImages:

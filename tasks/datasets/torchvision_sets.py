@@ -10,6 +10,8 @@ are those clip_benchmark uses (tasks/datasets/layouts.json says which, per datas
 
 from __future__ import annotations
 
+import pickle
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +100,14 @@ def build(name: str, entry: dict[str, Any], root: Path, split: str) -> Any:
     except ImportError as e:
         raise DatasetError(f"dataset {name!r} needs the {e.name} package to read {folder} "
                            f"(pip install {e.name})") from e
+    except pickle.UnpicklingError as e:
+        # MNIST reads an old processed/*.pt if one is there, with torch.load(weights_only=True): a pickle that asks
+        # for anything but tensors is refused by torch (its page-long message suggests weights_only=False: not ours)
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        what = repr(found.group(1)) if found else "an object other than tensors"
+        raise DatasetError(f"dataset {name!r}: torchvision's {entry['class']} refused to load {what} from a pickle "
+                           f"under {root / entry['folder'].split('/')[0]} (torch.load(weights_only=True) loads only "
+                           f"tensors and plain containers; remove the file)") from e
     except (RuntimeError, OSError, KeyError, ValueError, IndexError) as e:
         if not folder.exists():
             raise DatasetError(f"dataset {name!r}: {folder} not found; clip_benchmark reads it with torchvision's "

@@ -26,7 +26,7 @@ import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
-from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset, template_problem
+from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset, Task, template_problem
 
 IMAGE_EXTENSIONS = ("webp", "png", "jpg", "jpeg")
 _OPEN_LOCK = threading.Lock()
@@ -134,7 +134,7 @@ def load_webdataset(name: str, root: Path, split: str, limit: int | None) -> Web
         raise DatasetError(f"{nshards_path}: expected an integer number of shards") from e
     kind = _dataset_type(root)
     shards = [root / split / f"{i}.tar" for i in range(nshards)]
-    task = "zeroshot_retrieval" if kind == "retrieval" else "zeroshot_classification"
+    task: Task = "zeroshot_retrieval" if kind == "retrieval" else "zeroshot_classification"
     ds = WebDataset(name=name, split=split, task=task, multilabel=kind == "multilabel", root=root, shards=shards)
     labels: list[Any] = []
     captions: list[list[str]] = []
@@ -195,10 +195,25 @@ def _index_shard(ds: WebDataset, shard_id: int, shard: Path, label_ext: str, lab
             except ValueError as e:
                 raise DatasetError(f"{where}: class label is not an integer") from e
         else:
-            try:
-                labels.append(np.load(io.BytesIO(raw)).reshape(-1))
-            except ValueError as e:
-                raise DatasetError(f"{where}: not a .npy multi-hot vector") from e
+            labels.append(read_npy(raw, where).reshape(-1))
+
+
+def read_npy(raw: bytes, where: str) -> np.ndarray:
+    """A .npy member as a numeric array. An object array's data is a pickle, which would run code: it is refused
+    (``allow_pickle=False``, checked in the header first to say so), and so is a .npz archive (np.load would open
+    one; a label member is one array)."""
+    stream = io.BytesIO(raw)
+    try:
+        version = np.lib.format.read_magic(stream)
+        header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        _, _, dtype = header(stream)
+        if dtype.hasobject:
+            raise DatasetError(f"{where}: refused to load an object array from a .npy file (its data is a pickle; "
+                               f"clipcache loads only numeric arrays from dataset files)")
+        stream.seek(0)
+        return np.lib.format.read_array(stream, allow_pickle=False)
+    except ValueError as e:
+        raise DatasetError(f"{where}: not a .npy multi-hot vector ({e})") from e
 
 
 def _read_prompts(root: Path, name: str) -> ClassPrompts:
@@ -223,13 +238,15 @@ def _read_prompts(root: Path, name: str) -> ClassPrompts:
 
 
 def _check_labels(ds: WebDataset, name: str) -> None:
-    n_classes = len(ds.prompts.classnames)
+    if ds.prompts is None or ds.labels is None:
+        return
+    labels, n_classes = ds.labels, len(ds.prompts.classnames)
     if ds.multilabel:
-        if len(ds.labels) and ds.labels.shape[1] != n_classes:
-            raise DatasetError(f"dataset {name!r}: multi-hot labels have {ds.labels.shape[1]} classes, "
+        if len(labels) and labels.shape[1] != n_classes:
+            raise DatasetError(f"dataset {name!r}: multi-hot labels have {labels.shape[1]} classes, "
                                f"classnames.txt has {n_classes}")
         return
-    bad = np.flatnonzero((ds.labels < 0) | (ds.labels >= n_classes))
+    bad = np.flatnonzero((labels < 0) | (labels >= n_classes))
     if len(bad):
-        raise DatasetError(f"dataset {name!r}: {ds.describe(int(bad[0]))} has label {int(ds.labels[bad[0]])}, "
+        raise DatasetError(f"dataset {name!r}: {ds.describe(int(bad[0]))} has label {int(labels[bad[0]])}, "
                            f"outside the {n_classes} classes of classnames.txt")

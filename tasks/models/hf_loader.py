@@ -6,11 +6,18 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from clipcache.storage.errors import ModelError
 from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.models.custom_code import check_folder
 from clipcache.tasks.models.loader import ModelLoader, ResolvedModel, dir_checkpoint, library_version
 from clipcache.tasks.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from clipcache.tasks.models.base import TwoTowerModel
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
@@ -24,6 +31,7 @@ def resolve_hf(loader: str, source: str, spec: ModelSpec, memo: FileHashMemo, li
     if path.is_dir():
         if loader == "hf" and not (path / "config.json").is_file():
             raise ModelError(f"model {spec.model_name!r}: {path} has no config.json (not a Hugging Face model folder)")
+        check_folder(path)  # before anything is hashed or loaded: a folder that asks to run code is refused
         checkpoint, label = dir_checkpoint(path.resolve(), memo)
         return ResolvedModel(loader, str(path.resolve()), None, None, {**base, "content": checkpoint[len("sha256:"):]},
                              checkpoint, None if named else label)
@@ -35,7 +43,10 @@ def resolve_hf(loader: str, source: str, spec: ModelSpec, memo: FileHashMemo, li
 
 
 def modelscope_folder(spec: ModelSpec, model_cache_dir: str | None) -> str:
-    """The local copy of a ModelScope model repo (downloaded with modelscope's snapshot_download if needed)."""
+    """The local copy of a ModelScope model repo (downloaded with modelscope's snapshot_download if needed).
+
+    snapshot_download only copies files (it has no trust_remote_code: it imports nothing from the repo); the folder
+    is then checked for code requests by :func:`resolve_hf`, as any local folder is."""
     try:
         from modelscope import snapshot_download
 
@@ -55,10 +66,10 @@ class HFLoader(ModelLoader):
         path = Path(spec.model_name).expanduser()
         return path.is_dir() or bool(HUB_ID.match(spec.model_name))
 
-    def resolve(self, spec, memo, model_cache_dir):
+    def resolve(self, spec: ModelSpec, memo: FileHashMemo, model_cache_dir: str | None) -> ResolvedModel:
         return resolve_hf("hf", spec.model_name, spec, memo, "transformers")
 
-    def load(self, resolved, device, amp, cache_dir):
+    def load(self, resolved: ResolvedModel, device: torch.device, amp: bool, cache_dir: str | None) -> TwoTowerModel:
         from clipcache.tasks.models.hf_model import HFClipModel
 
         return HFClipModel(resolved, device, amp, cache_dir)
@@ -80,7 +91,7 @@ class ModelScopeLoader(HFLoader):
     def claims(self, spec: ModelSpec) -> bool:
         return spec.hub == "modelscope" and bool(HUB_ID.match(spec.model_name)) and not Path(spec.model_name).exists()
 
-    def resolve(self, spec, memo, model_cache_dir):
+    def resolve(self, spec: ModelSpec, memo: FileHashMemo, model_cache_dir: str | None) -> ResolvedModel:
         return resolve_hf("hf", modelscope_folder(spec, model_cache_dir), spec, memo, "transformers", named=True)
 
     def known_names(self) -> list[str]:

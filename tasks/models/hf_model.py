@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import torch
@@ -9,6 +10,7 @@ from PIL import Image
 
 from clipcache.storage.errors import ModelError
 from clipcache.tasks.models.base import TwoTowerModel, pooled
+from clipcache.tasks.models.custom_code import check_hf_source, checkpoint_refusal, no_prompts, one_line
 from clipcache.tasks.models.loader import ResolvedModel
 
 SUPPORTED_TYPES = ("clip", "chinese_clip", "siglip", "siglip2", "altclip")
@@ -29,19 +31,25 @@ class HFClipModel(TwoTowerModel):
         from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
 
         source, revision = resolved.source, resolved.revision
-        kwargs = {"revision": revision, "cache_dir": cache_dir}
+        # trust_remote_code=False: a repo's own modules (its config's auto_map) are never imported, and never asked for
+        kwargs = {"revision": revision, "cache_dir": cache_dir, "trust_remote_code": False}
         try:
-            config = AutoConfig.from_pretrained(source, **kwargs)
-            if config.model_type not in SUPPORTED_TYPES:
-                raise ModelError(f"{source!r} is a {config.model_type!r} model; supported Hugging Face model types: "
-                                 f"{', '.join(SUPPORTED_TYPES)}")
-            module = AutoModel.from_pretrained(source, dtype=torch.float32, **kwargs)
-            self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-            self.processor = AutoImageProcessor.from_pretrained(source, **kwargs)
+            with no_prompts():
+                check_hf_source(source, revision=revision, cache_dir=cache_dir)
+                config = AutoConfig.from_pretrained(source, **kwargs)
+                if config.model_type not in SUPPORTED_TYPES:
+                    raise ModelError(f"{source!r} is a {config.model_type!r} model; supported Hugging Face model "
+                                     f"types: {', '.join(SUPPORTED_TYPES)}")
+                module = AutoModel.from_pretrained(source, dtype=torch.float32, **kwargs)
+                self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+                self.processor = AutoImageProcessor.from_pretrained(source, **kwargs)
         except ModelError:
             raise
+        except pickle.UnpicklingError as e:  # a .bin/.pth weights file that torch's weights_only loader refused
+            raise checkpoint_refusal(source, e) from e
         except Exception as e:  # transformers raises OSError/ValueError/HTTP errors for missing or bad files
-            raise ModelError(f"could not load Hugging Face model {source!r}: {type(e).__name__}: {e}") from e
+            raise ModelError(f"could not load Hugging Face model {source!r}: {type(e).__name__}: "
+                             f"{one_line(e)}") from e
         self.model_type = config.model_type
         text_cfg = getattr(config, "text_config", config)
         self.max_length = int(getattr(text_cfg, "max_position_embeddings", 77))

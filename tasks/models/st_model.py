@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import torch
 from PIL import Image
 
 from clipcache.storage.errors import ModelError
 from clipcache.tasks.models.base import EmbeddingModel
+from clipcache.tasks.models.custom_code import (
+    HUB_CONFIG_FILES,
+    check_hf_source,
+    checkpoint_refusal,
+    no_prompts,
+    one_line,
+)
 from clipcache.tasks.models.loader import ResolvedModel
 
 
@@ -21,9 +30,19 @@ class SentenceTransformerModel(EmbeddingModel):
 
         hf_logging.disable_progress_bar()  # our own progress bars report the encoding
         try:
-            module = SentenceTransformer(source, device=str(device), cache_folder=cache_dir)
+            with no_prompts():
+                check_hf_source(source, cache_dir=cache_dir, files=(*HUB_CONFIG_FILES, "modules.json"))
+                # trust_remote_code=False: modules.json may name only sentence-transformers' own classes, and the
+                # transformers model inside is loaded without its repo's code (configs cannot turn it back on)
+                module = SentenceTransformer(source, device=str(device), cache_folder=cache_dir,
+                                             trust_remote_code=False)
+        except ModelError:
+            raise
+        except pickle.UnpicklingError as e:  # a .bin/.pth weights file that torch's weights_only loader refused
+            raise checkpoint_refusal(source, e) from e
         except Exception as e:  # sentence-transformers raises OSError/ValueError/HTTP errors for missing models
-            raise ModelError(f"could not load sentence-transformers model {source!r}: {type(e).__name__}: {e}") from e
+            raise ModelError(f"could not load sentence-transformers model {source!r}: {type(e).__name__}: "
+                             f"{one_line(e)}") from e
         super().__init__(module, device, amp)
 
     def encode_texts(self, texts: list[str]) -> np.ndarray:
