@@ -40,7 +40,7 @@ test-hostile: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy flows tasks storage
+	$(VENV)/bin/mypy -p clipcache
 
 clean:
 	rm -rf outputs cache .prefect

@@ -50,10 +50,10 @@ def catalog_rows(cache_dir: str, hub: str) -> list[dict]:
         elif name in not_read():
             row["original layout"] = not_read()[name]
         if name in catalog():
-            source = HubDataset(hub, f"clip-benchmark/{repo_name(name)}")
-            root = source.local_root(cache_dir)
+            hosted = HubDataset(hub, f"clip-benchmark/{repo_name(name)}")
+            root = hosted.local_root(cache_dir)
             splits = sorted(p.parent.name for p in root.glob("*/.complete.json"))
-            row.update(task=catalog()[name]["task"], hosted=source.repo, cached=", ".join(splits) or "no",
+            row.update(task=catalog()[name]["task"], hosted=hosted.repo, cached=", ".join(splits) or "no",
                        size=human_bytes(folder_bytes(root)) if root.exists() else "")
         rows.append(row)
     return rows

@@ -25,8 +25,8 @@ def run_server_command(args: argparse.Namespace) -> int:
 
     out = Console()
     if args.action == "start":
-        info = prefect_server.start(args.port)
-        out.print(f"Prefect server: {info.url.removesuffix('/api')} (API {info.url}, pid {info.pid}); later "
+        started = prefect_server.start(args.port)
+        out.print(f"Prefect server: {started.url.removesuffix('/api')} (API {started.url}, pid {started.pid}); later "
                   f"clipcache calls report their runs to it. Stop it with `clipcache server stop`.", highlight=False)
         return 0
     if args.action == "stop":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from clipcache.flows.convert_params import ConvertParams
 from clipcache.flows.stages import Stages
@@ -53,10 +54,10 @@ def intact_conversion(result_path: Path, folder: Path, model_name: str, split: s
     return (len(corpus), len(queries)) == (metrics.get("n_corpus"), metrics.get("n_queries"))
 
 
-def run_conversion(params: ConvertParams, stages: Stages) -> list[dict]:
+def run_conversion(params: ConvertParams, stages: Stages) -> list[dict[str, Any]]:
     """Caption images into BEIR text-retrieval folders; returns evalscope-style result dicts."""
     progress = StageProgress(enabled=params.verbose)
-    results = []
+    results: list[dict[str, Any]] = []
     for i, spec in enumerate(params.models):
         api_key = spec.resolved_api_key(f"models.{i}.api_key")
         settings = CaptionSettings(spec.model_name, spec.api_base, spec.prompt, spec.max_tokens, spec.temperature,

@@ -64,7 +64,8 @@ class EvalscopeEval(_EvalscopeCommon):
     classnames: str | None = None
     templates: str | None = None
     recall_k: list[PositiveInt] = Field(default_factory=lambda: [1, 5, 10], min_length=1)
-    retrieval_metrics: list[RetrievalMetric] = Field(default_factory=lambda: ["recall"], min_length=1)
+    retrieval_metrics: list[RetrievalMetric] = Field(default_factory=lambda: list[RetrievalMetric](["recall"]),
+                                                     min_length=1)
     ties: Literal["topk", "stable"] = "topk"
     amp: bool = False
     device: str = "auto"

@@ -166,7 +166,7 @@ class EvaluateParams(BaseModel):
                 raise ValueError(f"datasets.{i}: {e}") from None
             known = languages_of(name)
             missing = [lang for lang in self.language if known is not None and lang not in known]
-            if missing:  # before any work: clip_benchmark's product of datasets and languages must all exist
+            if missing and known is not None:  # before any work: clip_benchmark's product of datasets and languages must all exist
                 shown = ", ".join(known[:12]) + (f", ... ({len(known)} in all)" if len(known) > 12 else "")
                 raise ValueError(f"language: {missing[0]!r} is not available for dataset {name!r} (available: "
                                  f"{shown})")

@@ -17,7 +17,7 @@ import logging
 import os
 from contextlib import AbstractContextManager, nullcontext
 from functools import cache
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -45,8 +45,10 @@ SHARDABLE_ROLES = ("image", "caption")
 def shard_tasks() -> tuple[Any, Any]:
     """(encode-shard, probe-model): the Prefect tasks submitted to the flow's --task_runner (threads or Dask
     workers). Built on first use, so a run without a task runner never imports Prefect for them."""
-    from prefect import task
+    from prefect import task as prefect_task
     from prefect.cache_policies import NO_CACHE
+
+    task: Any = prefect_task  # its overloads do not cover a task_run_name template with a cache policy
 
     return (task(sharded.encode_shard, name="encode-shard", cache_policy=NO_CACHE,
                  task_run_name="encode-{job.role}-rows-{job.lo}-{job.hi}"),
@@ -127,7 +129,7 @@ class ShardedEncoder:
         """The image (and caption) entries of one pair over the task runner; what is cached already is left to the
         task's own encode step, which finds it there."""
         dataset: EvalDataset = prepared.data
-        roles = [role for role in task.needs if role in SHARDABLE_ROLES]
+        roles = [cast(Literal["image", "caption"], role) for role in task.needs if role in SHARDABLE_ROLES]
         if not roles or not isinstance(dataset, EvalDataset):
             return {}
         identity = dataset.identity(memo)
@@ -139,7 +141,7 @@ class ShardedEncoder:
         return {role: outcome for role, outcome in done.items() if outcome is not None}
 
     def encode(self, session: ModelSession, dataset: EvalDataset, prepared: Prepared, identity: dict[str, Any],
-               role: str, key_fields: dict[str, Any]) -> EncodeOutcome | None:
+               role: Literal["image", "caption"], key_fields: dict[str, Any]) -> EncodeOutcome | None:
         """Encode one entry sharded; None when it is already cached (the caller's cache path takes it)."""
         key = entry_key(key_fields)
         if self.store.has(key):

@@ -113,7 +113,7 @@ class EntryWriter:
             else:  # damaged by a kill mid-rewrite: redo the block from its start
                 rows = full
         self.rows_committed = rows
-        self.start_position = int(member(group, "position")[rows - 1]) + 1 if rows else 0
+        self.start_position = int(np.asarray(member(group, "position")[rows - 1])) + 1 if rows else 0
         self.resumed = rows > 0
 
     def _create_arrays(self, dim: int) -> None:

@@ -45,7 +45,8 @@ def load_image_queries(name: str, data_dir: Path, split: str, limit: int | None)
     jsonl = data_dir / FILENAME if data_dir.is_dir() or data_dir.suffix != ".jsonl" else data_dir
     if not jsonl.is_file():
         raise DatasetError(f"dataset {name!r}: {jsonl} not found (a custom dataset needs data_dir/{FILENAME})")
-    ds = ImageQueriesDataset(name=name, split=split, task="zeroshot_retrieval", jsonl=jsonl, captions=[])
+    captions: list[list[str]] = []
+    ds = ImageQueriesDataset(name=name, split=split, task="zeroshot_retrieval", jsonl=jsonl, captions=captions)
     for line_no, record in iter_jsonl_records(jsonl, ("image_path", "query")):
         if limit is not None and len(ds.image_paths) >= limit:
             break
@@ -61,7 +62,7 @@ def load_image_queries(name: str, data_dir: Path, split: str, limit: int | None)
                                f"(looked next to {jsonl.name} and in {Path.cwd()})")
         ds.image_paths.append(image)
         ds.line_numbers.append(line_no)
-        ds.captions.append(queries)
+        captions.append(queries)
     if not ds.image_paths:
         raise DatasetError(f"dataset {name!r}: {jsonl} has no samples")
     return ds

@@ -39,7 +39,7 @@ class LabelledImages(EvalDataset):
     def identity(self, memo: FileHashMemo) -> dict[str, Any]:
         # Images and their labels; class names and templates only change prompts (cached by their own text).
         return {"format": "labelled-images", "images": memo.fingerprint(self.image_paths, root=self.root),
-                "labels": self.labels.tolist()}
+                "labels": [] if self.labels is None else self.labels.tolist()}
 
     def describe(self, index: int) -> str:
         return f"{self.image_paths[index]} ({self.origins[index]})"

@@ -96,7 +96,8 @@ def load_sugar_crepe(name: str, root: Path, split: str, limit: int | None) -> Se
         raise DatasetError(f"dataset {name!r}: {ann} is not a JSON file ({e})") from e
     if not isinstance(items, dict) or not items:
         raise DatasetError(f"dataset {name!r}: {ann} must hold an object of items keyed by id")
-    ds = SelectionDataset(name=name, split=split, task="image_caption_selection", captions=[], index_files=[ann],
+    captions: list[list[str]] = []
+    ds = SelectionDataset(name=name, split=split, task="image_caption_selection", captions=captions, index_files=[ann],
                           image_folder=images)
     rows: dict[Path, int] = {}
     item_images: list[list[int]] = []
@@ -110,7 +111,7 @@ def load_sugar_crepe(name: str, root: Path, split: str, limit: int | None) -> Se
                 raise DatasetError(f"{ann} item {key!r}: image {path} not found")
             rows[path] = len(rows)
         item_images.append([rows[path]])
-        ds.captions.append([item["caption"], item["negative_caption"]])
+        captions.append([item["caption"], item["negative_caption"]])
     ds.sources = list(rows)
     ds.item_images = np.asarray(item_images, dtype=np.int64)
     return ds
@@ -148,7 +149,8 @@ def load_winoground(name: str, root: Path, split: str, limit: int | None) -> Sel
                            f"datasets cache clip_benchmark makes there, facebook___winoground/..., or the "
                            f"repository's test Parquet files; it is gated: accept its terms on Hugging Face and "
                            f"download it with `hf download {WINOGROUND_REPO} --repo-type dataset --local-dir {root}`)")
-    ds = SelectionDataset(name=name, split=split, task="image_caption_selection", captions=[], index_files=files)
+    texts: list[list[str]] = []
+    ds = SelectionDataset(name=name, split=split, task="image_caption_selection", captions=texts, index_files=files)
     item_images: list[list[int]] = []
     for file in files:
         table = _read_table(file)
@@ -162,7 +164,7 @@ def load_winoground(name: str, root: Path, split: str, limit: int | None) -> Sel
             first = len(ds.sources)
             ds.sources += [(file, row, "image_0"), (file, row, "image_1")]
             item_images.append([first, first + 1])
-            ds.captions.append(list(pair))
+            texts.append(list(pair))
     if not item_images:
         raise DatasetError(f"dataset {name!r}: {files[0]} has no items")
     ds.item_images = np.asarray(item_images, dtype=np.int64)

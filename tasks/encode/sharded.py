@@ -31,7 +31,7 @@ from clipcache.storage.cache_writer import publish_entry
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import DatasetError, ModelError
 from clipcache.storage.hashing import FileHashMemo, canonical_json
-from clipcache.storage.paths import rmtree
+from clipcache.storage.paths import AnyPath, rmtree
 from clipcache.storage.zarr_io import member, open_group
 from clipcache.tasks.datasets.base import EvalDataset
 from clipcache.tasks.encode.stage import ModelSession, distinct_captions, iter_image_batches
@@ -154,7 +154,7 @@ def worker_dataset(source: DataSource, identity: dict[str, Any]) -> EvalDataset:
         return _datasets[key]
 
 
-def _marker(store: EmbeddingStore, key: str, lo: int, hi: int):
+def _marker(store: EmbeddingStore, key: str, lo: int, hi: int) -> AnyPath:
     return store.partial_path(key) / "shards" / f"{lo}-{hi}.json"
 
 

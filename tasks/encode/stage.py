@@ -1,6 +1,6 @@
 """Encode stage: indexed dataset + model -> cache entries (images, captions, class prompts).
 
-Everything here works on plain objects; Prefect wrappers live in :mod:`tasks.prefect_tasks`. A model is loaded at most
+Everything here works on plain objects; Prefect wrappers live in ``flows/stages.py``. A model is loaded at most
 once per :class:`ModelSession`, and only when some entry is missing from the cache.
 """
 
@@ -199,6 +199,7 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
     if store.has(entry_key(key_fields)):
         return _cache_hit(store, key_fields)
     aux: dict[str, AuxSpec] = {}
+    labels = dataset.labels
     if dataset.labels is not None:
         aux["target"] = AuxSpec(str(dataset.labels.dtype), tuple(dataset.labels.shape[1:]))
     with store.writer(key_fields, "image", capacity=len(dataset), aux=aux) as writer:
@@ -225,7 +226,7 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
                     keep = batch.indices >= start
                     if keep.any():
                         indices = batch.indices[keep]
-                        extra = {"target": dataset.labels[indices]} if "target" in aux else {}
+                        extra = {"target": labels[indices]} if labels is not None and "target" in aux else {}
                         writer.add(model.encode_images(batch.pixels)[keep], indices, **extra)
                         encoded += len(indices)
                 advance(int((batch.indices >= start).sum()) + len(errors))
@@ -270,7 +271,7 @@ def distinct_captions(dataset: EvalDataset) -> tuple[list[str], np.ndarray, np.n
     COCO and Flickr repeat captions exactly, templated sets far more: each text is encoded once."""
     rows: dict[str, int] = {}
     caption_row, caption_sample = [], []
-    for sample, captions in enumerate(dataset.captions):
+    for sample, captions in enumerate(dataset.captions or []):
         for text in captions:
             caption_row.append(rows.setdefault(text, len(rows)))
             caption_sample.append(sample)

@@ -18,14 +18,28 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.datasets.base import EvalDataset, iter_jsonl_records, resolve_image_path
-from clipcache.tasks.evaluation.base import Encoded, EvalTask, Prepared, Scored
+from clipcache.tasks.evaluation.base import (
+    DataSource,
+    Encoded,
+    EncodeSettings,
+    EvalTask,
+    Prepared,
+    PromptSettings,
+    Scored,
+    ScoreSettings,
+)
+
+if TYPE_CHECKING:
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.progress import StageProgress
 
 K_ALWAYS = 10
 
@@ -151,7 +165,7 @@ class Any2AnyRetrieval(EvalTask):
     reads = ("any2any",)
     main_metrics = (("ndcg", 10, "ndcg@10", 1),)
 
-    def prepare(self, source, prompts, progress):
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
         from clipcache.tasks.datasets import format_root
 
         if not source.root:
@@ -160,7 +174,9 @@ class Any2AnyRetrieval(EvalTask):
         data = open_any2any(source.name, format_root(source.root, source.name), source.split, source.limit)
         return Prepared(data, len(data.queries.ids), source)
 
-    def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
+    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
+               settings: EncodeSettings, progress: StageProgress, *,
+               sharded: dict[str, Any] | None = None) -> Encoded:
         from clipcache.tasks.encode.stage import check_cached, encode_images, encode_texts
 
         started = time.perf_counter()
@@ -189,7 +205,7 @@ class Any2AnyRetrieval(EvalTask):
                                               meta={"dataset": data.name, "split": data.split})
         return Encoded(outcomes, seconds=time.perf_counter() - started)
 
-    def score(self, store, encoded, prepared, settings):
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         from clipcache.tasks.score.text_retrieval import text_retrieval_metrics
 
         started = time.perf_counter()

@@ -54,6 +54,8 @@ def class_prompts(dataset: EvalDataset, settings: PromptSettings) -> tuple[Class
     whether the result is still the dataset's own (a what-if otherwise)."""
     from clipcache.tasks.datasets.languages import localize
 
+    if dataset.prompts is None:
+        raise DatasetError(f"dataset {dataset.name!r} has no class names and templates to classify with")
     own = localize(dataset.prompts, dataset.name, settings.language)
     if not (settings.classnames or settings.templates):
         return own, True

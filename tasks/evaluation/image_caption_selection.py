@@ -10,9 +10,24 @@ distinct caption once (a caption repeated across items is encoded once); the ite
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
 
-from clipcache.tasks.evaluation.base import EvalTask, Prepared, Scored
+from clipcache.tasks.evaluation.base import (
+    DataSource,
+    Encoded,
+    EncodeSettings,
+    EvalTask,
+    Prepared,
+    PromptSettings,
+    Scored,
+    ScoreSettings,
+)
 from clipcache.tasks.evaluation.common import check_language, encode_images_and_captions, open_for
+
+if TYPE_CHECKING:
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.progress import StageProgress
 
 
 class ImageCaptionSelection(EvalTask):
@@ -23,15 +38,22 @@ class ImageCaptionSelection(EvalTask):
     reads = ("selection",)
     main_metrics = (("acc", None, "selection_acc", 1),)
 
-    def prepare(self, source, prompts, progress):
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+        from clipcache.storage.errors import DatasetError
+        from clipcache.tasks.datasets.selection import SelectionDataset
+
         dataset = open_for(self.name, source, progress)
         check_language(dataset, prompts.language)
+        if not isinstance(dataset, SelectionDataset):
+            raise DatasetError(f"dataset {source.name!r} is not an image-caption selection set (no items)")
         return Prepared(dataset, dataset.n_items, source)
 
-    def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
+    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
+               settings: EncodeSettings, progress: StageProgress, *,
+               sharded: dict[str, Any] | None = None) -> Encoded:
         return encode_images_and_captions(session, prepared, store, memo, settings, progress, sharded)
 
-    def score(self, store, encoded, prepared, settings):
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         from clipcache.tasks.score.stage import score_selection
 
         started = time.perf_counter()

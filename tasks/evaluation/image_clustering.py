@@ -13,10 +13,25 @@ encodes nothing.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
 
 from clipcache.storage.errors import DatasetError
-from clipcache.tasks.evaluation.base import Encoded, EvalTask, Prepared, Scored
+from clipcache.tasks.evaluation.base import (
+    DataSource,
+    Encoded,
+    EncodeSettings,
+    EvalTask,
+    Prepared,
+    PromptSettings,
+    Scored,
+    ScoreSettings,
+)
 from clipcache.tasks.evaluation.common import encode_split_images, open_single_label
+
+if TYPE_CHECKING:
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.progress import StageProgress
 
 
 class ImageClustering(EvalTask):
@@ -28,17 +43,19 @@ class ImageClustering(EvalTask):
     option_defaults = {"seed": 0}
     main_metrics = (("image_clustering_nmi", None, "image_clustering_nmi", 1),)
 
-    def prepare(self, source, prompts, progress):
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
         dataset = open_single_label(self.name, source, progress)
         return Prepared(dataset, len(dataset), source)
 
-    def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
+    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
+               settings: EncodeSettings, progress: StageProgress, *,
+               sharded: dict[str, Any] | None = None) -> Encoded:
         started = time.perf_counter()
         images = encode_split_images(session, prepared.data, store, memo, settings, progress, prepared.source.limit,
                                      (sharded or {}).get("image"))
         return Encoded({"image": images}, seconds=time.perf_counter() - started)
 
-    def score(self, store, encoded, prepared, settings):
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         import numpy as np
         from sklearn.cluster import KMeans
         from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score

@@ -10,9 +10,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from clipcache.tasks.evaluation.base import Encoded, EvalTask, Prepared, Scored
+from clipcache.tasks.evaluation.base import (
+    DataSource,
+    Encoded,
+    EncodeSettings,
+    EvalTask,
+    Prepared,
+    PromptSettings,
+    Scored,
+    ScoreSettings,
+)
 from clipcache.tasks.evaluation.common import encode_split_images, open_single_label
+
+if TYPE_CHECKING:
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.progress import StageProgress
 
 
 class LinearProbe(EvalTask):
@@ -25,11 +40,13 @@ class LinearProbe(EvalTask):
                        "fewshot_lr": 0.1, "fewshot_epochs": 10, "seed": 0, "batch_size": 64}  # batches shape training
     main_metrics = (("lp_acc", 1, "lp_acc1", 1),)
 
-    def prepare(self, source, prompts, progress):
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
         test = open_single_label(self.name, source, progress)
         return Prepared(test, len(test), source)
 
-    def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
+    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
+               settings: EncodeSettings, progress: StageProgress, *,
+               sharded: dict[str, Any] | None = None) -> Encoded:
         started = time.perf_counter()
         splits = {"image": prepared.data}
         for role, split in (("train", settings.train_split), ("val", settings.val_split)):
@@ -40,7 +57,7 @@ class LinearProbe(EvalTask):
                     for role, dataset in splits.items()}
         return Encoded(outcomes, seconds=time.perf_counter() - started)
 
-    def score(self, store, encoded, prepared, settings):
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         import torch
 
         from clipcache.tasks.score.linear_probe import ProbeSettings, held_out_split, linear_probe

@@ -6,12 +6,27 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
-from clipcache.tasks.evaluation.base import Encoded, EvalTask, Prepared, Scored
+from clipcache.tasks.evaluation.base import (
+    DataSource,
+    Encoded,
+    EncodeSettings,
+    EvalTask,
+    Prepared,
+    PromptSettings,
+    Scored,
+    ScoreSettings,
+)
+
+if TYPE_CHECKING:
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.progress import StageProgress
 
 K_ALWAYS = 10  # beir's headline numbers are @10: always reported
 
@@ -71,7 +86,7 @@ class TextRetrieval(EvalTask):
     reads = ("text",)
     main_metrics = (("ndcg", 10, "ndcg@10", 1),)
 
-    def prepare(self, source, prompts, progress):
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
         from clipcache.tasks.datasets import format_root
 
         if not source.root:
@@ -80,7 +95,9 @@ class TextRetrieval(EvalTask):
         data = open_beir(source.name, format_root(source.root, source.name), source.split, source.limit)
         return Prepared(data, len(data.query_ids), source)
 
-    def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
+    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
+               settings: EncodeSettings, progress: StageProgress, *,
+               sharded: dict[str, Any] | None = None) -> Encoded:
         from clipcache.tasks.encode.stage import check_cached, encode_texts
 
         started = time.perf_counter()
@@ -102,7 +119,7 @@ class TextRetrieval(EvalTask):
                                batch_size=settings.batch_size, progress=progress, label=data.name, meta=meta)
         return Encoded({"corpus": corpus, "query": queries}, seconds=time.perf_counter() - started)
 
-    def score(self, store, encoded, prepared, settings):
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         from clipcache.tasks.score.text_retrieval import text_retrieval_metrics
 
         started = time.perf_counter()

@@ -4,9 +4,24 @@ definition; metrics in tasks/score/classification.py)."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
 
-from clipcache.tasks.evaluation.base import Encoded, EvalTask, Prepared, Scored
+from clipcache.tasks.evaluation.base import (
+    DataSource,
+    Encoded,
+    EncodeSettings,
+    EvalTask,
+    Prepared,
+    PromptSettings,
+    Scored,
+    ScoreSettings,
+)
 from clipcache.tasks.evaluation.common import class_prompts, encode_split_images, open_for
+
+if TYPE_CHECKING:
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.progress import StageProgress
 
 
 class ZeroShotClassification(EvalTask):
@@ -18,12 +33,14 @@ class ZeroShotClassification(EvalTask):
     uses_prompts = True
     main_metrics = (("acc", 1, "acc1", 1), ("mean_average_precision", None, "mean_average_precision", 2))
 
-    def prepare(self, source, prompts, progress):
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
         dataset = open_for(self.name, source, progress)
         chosen, default = class_prompts(dataset, prompts)
         return Prepared(dataset, len(dataset), source, chosen, default, chosen.sha256)
 
-    def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
+    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
+               settings: EncodeSettings, progress: StageProgress, *,
+               sharded: dict[str, Any] | None = None) -> Encoded:
         from clipcache.tasks.encode.stage import encode_prompts
 
         started = time.perf_counter()
@@ -36,7 +53,7 @@ class ZeroShotClassification(EvalTask):
                                                               "n_templates": len(prepared.prompts.templates)},
                        time.perf_counter() - started)
 
-    def score(self, store, encoded, prepared, settings):
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         from clipcache.tasks.score.stage import score_classification
 
         started = time.perf_counter()

@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
 
-from clipcache.tasks.evaluation.base import EvalTask, Prepared, Scored
+from clipcache.tasks.evaluation.base import (
+    DataSource,
+    Encoded,
+    EncodeSettings,
+    EvalTask,
+    Prepared,
+    PromptSettings,
+    Scored,
+    ScoreSettings,
+)
 from clipcache.tasks.evaluation.common import check_language, encode_images_and_captions, open_for
+
+if TYPE_CHECKING:
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.progress import StageProgress
 
 
 class ZeroShotRetrieval(EvalTask):
@@ -18,15 +33,17 @@ class ZeroShotRetrieval(EvalTask):
     main_metrics = (("image_retrieval_recall", 5, "mean_retrieval_recall@5", 1),
                     ("text_retrieval_recall", 5, "mean_retrieval_recall@5", 1))
 
-    def prepare(self, source, prompts, progress):
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
         dataset = open_for(self.name, source, progress)
         check_language(dataset, prompts.language)
         return Prepared(dataset, len(dataset), source)
 
-    def encode(self, session, prepared, store, memo, settings, progress, *, sharded=None):
+    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
+               settings: EncodeSettings, progress: StageProgress, *,
+               sharded: dict[str, Any] | None = None) -> Encoded:
         return encode_images_and_captions(session, prepared, store, memo, settings, progress, sharded)
 
-    def score(self, store, encoded, prepared, settings):
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         from clipcache.tasks.score.stage import score_retrieval
 
         started = time.perf_counter()

@@ -17,7 +17,8 @@ class EmbeddingModel(ABC):
     """A loaded model that turns images and/or texts into L2-normalised float32 vectors."""
 
     def __init__(self, module: torch.nn.Module, device: torch.device, amp: bool):
-        self.module = module.to(device).eval()
+        # Any: each family's module has its own encode methods (encode_image, get_image_features, encode, ...)
+        self.module: Any = module.to(device).eval()
         self.device = device
         self.amp = amp
 

@@ -11,7 +11,7 @@ import json
 import sys
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clipcache.storage.errors import ConfigError, ModelError
 from clipcache.storage.hashing import FileHashMemo
@@ -25,6 +25,11 @@ from clipcache.tasks.models.loader import (
     library_version,
 )
 from clipcache.tasks.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from clipcache.tasks.models.base import TwoTowerModel
 
 BUNDLED = {"tiny-shapes-clip": Path(__file__).parent / "assets" / "tiny-shapes-clip"}
 
@@ -142,7 +147,7 @@ class OpenClipLoader(ModelLoader):
                                                                                 "hf_subdir")}
         return ResolvedModel("open_clip", arch, pretrained, None, identity, f"tag:{pretrained}", pretrained, **extra)
 
-    def load(self, resolved, device, amp, cache_dir):
+    def load(self, resolved: ResolvedModel, device: torch.device, amp: bool, cache_dir: str | None) -> TwoTowerModel:
         from clipcache.tasks.models.open_clip_model import OpenClipModel
 
         return OpenClipModel(resolved, device, amp, cache_dir)

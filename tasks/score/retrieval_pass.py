@@ -26,6 +26,7 @@ do not depend on the order of the data or on the device.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -205,11 +206,11 @@ class ExactScores:
             return indices
         return torch.cat([indices, indices[:1].repeat(MIN_BLOCK - len(indices))])
 
-    def _host_blocks(self, rows: torch.Tensor):
+    def _host_blocks(self, rows: torch.Tensor) -> Iterator[torch.Tensor]:
         for lo, hi in _split(len(rows), self.CANDIDATE_BLOCK):
             yield rows[lo:hi].cpu()
 
-    def caption_rows(self, queries: torch.Tensor):
+    def caption_rows(self, queries: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Blocks of (caption indices, their rows over images)."""
         for group in self._groups(queries, len(self.images)):
             if self.full is not None:
@@ -219,7 +220,7 @@ class ExactScores:
                 block = torch.cat([asked @ images.T for images in self._host_blocks(self.images)], dim=1)
             yield group, block[: len(group)]
 
-    def image_columns(self, queries: torch.Tensor):
+    def image_columns(self, queries: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Blocks of (image indices, their columns over captions)."""
         for group in self._groups(queries, len(self.captions)):
             if self.full is not None:

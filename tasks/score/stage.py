@@ -3,6 +3,8 @@ decodes an image. Every entry is checked against what the dataset expects before
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -43,7 +45,7 @@ def check_images(entry: EmbeddingEntry, n_samples: int | None) -> None:
                 f"it holds {entry.count} image rows of {expected} samples, the dataset has {n_samples}")
 
 
-def score_classification(store: EmbeddingStore, images: EmbeddingRef, prompts, *, n_classes: int,
+def score_classification(store: EmbeddingStore, images: EmbeddingRef, prompts: Any, *, n_classes: int,
                          n_templates: int, settings: ScoreSettings, n_samples: int | None = None) -> tuple[dict[str, float], int]:
     device = torch_device(settings.device)
     image_entry = store.open(images.key)
