@@ -13,7 +13,7 @@ import logging
 import platform
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from clipcache.storage.hashing import FileHashMemo
 from clipcache.storage.paths import check_location, local_dir
 from clipcache.storage.results import new_run_id, write_run_row
 from clipcache.tasks.evaluation import get_task
-from clipcache.tasks.evaluation.base import CacheMissError, EvalTask, Prepared, ScoreSettings
+from clipcache.tasks.evaluation.base import CacheMissError, EvalTask, Prepared, PromptSettings, ScoreSettings
 from clipcache.tasks.models.spec import ModelSpec
 from clipcache.tasks.progress import StageProgress
 from clipcache.tasks.results import RunInfo, clipcache_version, existing_result, write_pair_results
@@ -114,10 +114,25 @@ def experiment_for(ctx: RunContext, spec: ModelSpec, session: Any, task: EvalTas
     return Experiment(
         model=spec.display_name, checkpoint=session.resolved.checkpoint, dataset=prepared.source.name,
         split=params.split, language=language, task=task.name, precision=session.precision,
-        sample_limit=params.limit, prompts=prepared.prompts_sha256, default_prompts=prepared.default_prompts,
+        sample_limit=prepared.source.limit, prompts=prepared.prompts_sha256, default_prompts=prepared.default_prompts,
         options=options_json({**task.options(settings), **annotation_option(params.annotation_file)}),
         pretrained=session.resolved.checkpoint_label,
         model_dir=spec.basename)
+
+
+def full_when_untruncated(task: EvalTask, prepared: Prepared, prompts: PromptSettings,
+                          progress: StageProgress) -> Prepared:
+    """A limit that truncates nothing (``limit: 1000`` on a 30-pair set) is the full experiment: the same cache
+    entries, experiment id, file name and leaderboard row as a run without it. A reader stops at the limit, so a
+    count equal to it is checked by indexing one sample more."""
+    limit = prepared.source.limit
+    if limit is None:
+        return prepared
+    if prepared.n_samples >= limit:
+        probe = task.prepare(replace(prepared.source, limit=limit + 1), prompts, progress)
+        if probe.n_samples > limit:
+            return prepared
+    return replace(prepared, source=replace(prepared.source, limit=None))
 
 
 def annotation_option(path: str | None) -> dict[str, str]:
@@ -139,6 +154,7 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
     source = params.source(dataset, ctx.data_dir, language)
     prepared = stages.run("prepare", f"prepare-{where}", task.prepare, source, params.prompt_settings(language),
                           ctx.progress)
+    prepared = full_when_untruncated(task, prepared, params.prompt_settings(language), ctx.progress)
     results: list[PairResult] = []
     pending: list[tuple[PairResult, Experiment, ScoreSettings, str]] = []
     variants: dict[str, tuple[Experiment, ScoreSettings]] = {}
