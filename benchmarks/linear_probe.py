@@ -121,9 +121,10 @@ def ours(model_name: str, pretrained: str | None, root: Path, cache: Path, batch
     spec = ModelSpec(model_name=model_name, pretrained=pretrained)
     session = ModelSession(resolve_model(spec, memo), torch.device("cpu"), amp=False, precision="fp32")
     scored = evaluate_one("linear_probe", session, DataSource("wds/probe", str(root)), EmbeddingStore(cache), memo,
-                          encode=EncodeSettings(batch_size, 2, cached_only=cached_only, val_split="val"),
-                          score=ScoreSettings(batch_size=batch_size, val_split="val", fewshot_lr=lr,
-                                              fewshot_epochs=epochs, seed=seed))
+                          encode=EncodeSettings(batch_size, 2, cached_only=cached_only),
+                          score=ScoreSettings(batch_size=batch_size),
+                          options={"batch_size": batch_size, "val_split": "val", "fewshot_lr": lr,
+                                   "fewshot_epochs": epochs, "seed": seed})
     return time.perf_counter() - started, scored.metrics, session.loads
 
 

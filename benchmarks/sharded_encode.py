@@ -63,7 +63,10 @@ def sharded_encode(model: str, images: int, workers: int, shard_rows: int, cache
     store = EmbeddingStore(cache)
     started = time.perf_counter()
     with open_task_runner("dask", workers) as runner:
-        encoder = ShardedEncoder(runner, store, params, StageProgress(enabled=False))
+        settings = params.run_settings(cached_only=False).encode
+        encoder = ShardedEncoder(runner, store, settings, StageProgress(enabled=False), task_runner="dask",
+                                 workers=workers, shard_rows=shard_rows, device=params.device,
+                                 model_cache_dir=None)
         # the cluster starts on the first submission: time it with a no-op probe of the workers
         runner.submit(_noop, parameters={}).result()
         ready = time.perf_counter()

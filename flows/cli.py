@@ -98,6 +98,9 @@ def _eval_parser(sub: argparse._SubParsersAction, command: str, full: bool = Tru
           help="which loader reads the model (auto: the first that recognises the name)")
     _flag(models, "arch_config", default=None, help="extra open_clip architecture JSON file or folder")
     _flag(models, "revision", default=None, help="hub revision (branch, tag or commit) of hub model ids")
+    from clipcache.tasks.models.api_spec import ApiFields
+
+    add_param_flags(models, ApiFields, {})  # --api_base, --api_revision, ... of api: models (docs/api_models.md)
     add_param_flags(p, EvaluateParams, {"task": ["auto", *TASKS.names()]})
     amp = p.add_mutually_exclusive_group()
     amp.add_argument("--amp", dest="amp", action="store_true", default=False,
@@ -125,8 +128,12 @@ def models_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
         if not args.model:
             raise ConfigError("--model is required (or --pretrained_model ARCH,PRETRAINED)")
         pairs = [(m, p) for m in args.model for p in (args.pretrained or [None])]
+    from clipcache.tasks.models.api_spec import ApiFields, api_fields_for
+
+    api = api_fields_for([m for m, _ in pairs], args.model_type, {f: getattr(args, f) for f in ApiFields.model_fields})
     return [{"model_name": m, "pretrained": p, "model_type": args.model_type, "arch_config": args.arch_config,
-             "revision": args.revision, "hub": args.hub or "huggingface"} for m, p in pairs]
+             "revision": args.revision, "hub": args.hub or "huggingface", **extra}
+            for (m, p), extra in zip(pairs, api, strict=True)]
 
 
 def params_from_args(args: argparse.Namespace) -> Any:
@@ -241,6 +248,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     add_cache_parser(sub)
     add_query_parser(sub)
+    from clipcache.flows.cli_compare import add_compare_parser
+
+    add_compare_parser(sub)
     add_results_parser(sub)
     add_report_parser(sub)
     add_catalog_parsers(sub)

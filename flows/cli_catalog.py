@@ -31,7 +31,7 @@ def catalog_rows(cache_dir: str, hub: str) -> list[dict]:
     catalog, each with the layouts it is read from."""
     from clipcache.flows.cli_cache import human_bytes
     from clipcache.storage.embedding_store import folder_bytes
-    from clipcache.tasks.datasets import DATASETS, REGISTERED_TASKS, catalog, registered_task
+    from clipcache.tasks.datasets import DATASETS, catalog, registered_task
     from clipcache.tasks.datasets.download import HubDataset, repo_name
     from clipcache.tasks.datasets.layouts import describe, layouts, not_read, task_of
 
@@ -39,7 +39,7 @@ def catalog_rows(cache_dir: str, hub: str) -> list[dict]:
     for name in DATASETS.names():
         source = "bundled" if name.startswith("shapes") else OWN_LAYOUTS.get(name.split("/")[0],
                                                                               "your files (--dataset_root)")
-        if name not in REGISTERED_TASKS:  # a plugin: say which package adds it
+        if DATASETS.origin(name) != "clipcache":  # a plugin: say which package adds it
             source = f"{source}; {DATASETS.origin(name)}"
         rows.append({"name": name, "task": registered_task(name), "original layout": source, "hosted": "",
                      "cached": "", "size": ""})

@@ -41,7 +41,7 @@ def intact_conversion(result_path: Path, folder: Path, model_name: str, split: s
     import json
 
     from clipcache.storage.errors import ClipcacheError
-    from clipcache.tasks.convert.beir import read_beir
+    from clipcache.tasks.datasets.beir import read_beir
 
     try:
         saved = json.loads(result_path.read_text(encoding="utf-8"))
@@ -87,7 +87,7 @@ def run_conversion(params: ConvertParams, stages: Stages) -> list[dict[str, Any]
             counts = BeirCounts(0, 0, 0)
             if n_captioned:
                 counts = stages.run("write-beir", f"write-beir-{where}", write_beir, target, run.captions,
-                                    dataset.captions, params.split)
+                                    dataset.captions or [], params.split)  # open_for: a retrieval set has them
             metrics = {
                 "conversion_successful": complete, "n_images": len(dataset),
                 "n_captioned": n_captioned, "n_failed": len(run.failures),

@@ -20,11 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
 from clipcache.flows.convert_params import CaptionModelSpec, ConvertParams
 from clipcache.flows.evalscope_common import WorkDir, tool_name
-from clipcache.flows.params import EvaluateParams, RetrievalMetric, known_task, validate
+from clipcache.flows.params import EvaluateParams, RetrievalMetric, known_task, task_option, validate
 from clipcache.storage.errors import ConfigError, parse_problem
+from clipcache.tasks.contract import Ties
+from clipcache.tasks.evaluation.zeroshot_retrieval import ZeroShotRetrieval
+from clipcache.tasks.models.api_spec import ApiFields
 
 
-class EvalscopeModel(BaseModel):
+class EvalscopeModel(ApiFields):  # ApiFields: api_base, api_revision, ... of api: models (docs/api_models.md)
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model_name: str
@@ -66,7 +69,7 @@ class EvalscopeEval(_EvalscopeCommon):
     recall_k: list[PositiveInt] = Field(default_factory=lambda: [1, 5, 10], min_length=1)
     retrieval_metrics: list[RetrievalMetric] = Field(default_factory=lambda: list[RetrievalMetric](["recall"]),
                                                      min_length=1)
-    ties: Literal["topk", "stable"] = "topk"
+    ties: Ties = task_option(ZeroShotRetrieval, "ties")
     amp: bool = False
     device: str = "auto"
     on_bad_image: Literal["error", "skip"] = "error"

@@ -8,15 +8,51 @@ open_clip or Prefect: a typo fails with its suggestion before any work starts.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from copy import copy
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
+from clipcache.flows.run_settings import OptionValues, OutputSettings, RunSettings
 from clipcache.storage.errors import ClipcacheError, ConfigError
-from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, PromptSettings, ScoreSettings
+from clipcache.tasks.contract import (
+    BATCH_SIZE,
+    DataSource,
+    EncodeSettings,
+    OnBadImage,
+    PromptSettings,
+    ScoreSettings,
+    Ties,
+)
+from clipcache.tasks.evaluation.base import EvalTask
+from clipcache.tasks.evaluation.image_clustering import ImageClustering
+from clipcache.tasks.evaluation.linear_probe import LinearProbe
+from clipcache.tasks.evaluation.zeroshot_retrieval import ZeroShotRetrieval
 from clipcache.tasks.models.spec import ModelSpec
 
 RetrievalMetric = Literal["recall", "mrr", "ndcg", "rank"]
+# The built-in tasks whose options are run parameters (flags, config keys). Each such parameter takes its default,
+# constraints and help from the task's Options model, where they are written once.
+OPTION_TASKS: tuple[type[EvalTask], ...] = (ZeroShotRetrieval, LinearProbe, ImageClustering)
+SWEPT_OPTIONS = ("fewshot_k",)  # a list of values: one experiment per value
+
+
+def task_option(task: type[EvalTask], name: str, *also: type[EvalTask]) -> Any:
+    """The field ``name`` of ``task``'s Options (and of the ``also`` tasks', which share it) as a run parameter."""
+    info = copy(task.Options.model_fields[name])
+    for other in also:
+        shared = other.Options.model_fields[name]
+        if (shared.annotation, shared.default, shared.metadata) != (info.annotation, info.default, info.metadata):
+            raise TypeError(f"{other.name} and {task.name} declare option {name!r} differently")
+    info.description = f"{', '.join(t.name for t in (task, *also))}: {info.description}"
+    return info
+
+
+def swept_option(task: type[EvalTask], name: str, several: str) -> Any:
+    """A run parameter that lists values of the option ``name`` of ``task`` (default: the option's default)."""
+    info = task.Options.model_fields[name]
+    return Field(default_factory=lambda: [info.default], min_length=1,
+                 description=f"{task.name}: {info.description}; {several}")
 
 
 def known_task(value: str) -> str:
@@ -55,34 +91,29 @@ class EvaluateParams(BaseModel):
                                                      "dataset's, same order and count (a what-if)")
     templates: str | None = Field(None, description="templates file (JSON list or one per line, with {c}) replacing "
                                                     "the dataset's (a what-if)")
-    recall_k: list[PositiveInt] = Field(default_factory=lambda: [1, 5, 10], min_length=1, description="k values")
+    recall_k: list[PositiveInt] = Field(default_factory=lambda: list(ScoreSettings.recall_k), min_length=1,
+                                        description="k values")
     retrieval_metrics: list[RetrievalMetric] = Field(
         default_factory=lambda: list[RetrievalMetric](["recall"]), min_length=1,
         description="retrieval metric families: recall@k (clip_benchmark's), mrr@k, ndcg@k, rank (mean/median)")
-    ties: Literal["topk", "stable"] = Field(
-        "topk", description="retrieval ties: topk keeps what torch.topk keeps, as clip_benchmark (default); stable "
-                            "ranks equal scores by index, independent of the order of the data")
-    train_split: str = Field("train", description="linear_probe: the split the probe learns from")
-    val_split: str | None = Field(None, description="linear_probe: a split to choose the weight decay on "
-                                                    "(clip_benchmark's sweep); exclusive with val_proportion")
-    val_proportion: float | None = Field(None, gt=0, lt=1, description="linear_probe: the share of the train split "
-                                                                        "held out to choose the weight decay")
-    fewshot_k: list[Annotated[int, Field(ge=-1)]] = Field(
-        default_factory=lambda: [-1], min_length=1,
-        description="linear_probe: training samples per class (-1: all, else >= 1); several values give one probe "
-                    "(one experiment) each over the same cached features")
-    fewshot_lr: float = Field(0.1, gt=0, description="linear_probe: learning rate (AdamW, cosine schedule)")
-    fewshot_epochs: PositiveInt = Field(10, description="linear_probe: epochs")
-    seed: int = Field(0, description="linear_probe: seed of the layer's initialisation, the batch order, the "
-                                     "few-shot pick and the val_proportion split; image_clustering: k-means' seed")
+    # task options: default, constraints and help from the tasks' Options models
+    ties: Ties = task_option(ZeroShotRetrieval, "ties")
+    train_split: str = task_option(LinearProbe, "train_split")
+    val_split: str | None = task_option(LinearProbe, "val_split")
+    val_proportion: float | None = task_option(LinearProbe, "val_proportion")
+    fewshot_k: list[int] = swept_option(LinearProbe, "fewshot_k", "several values give one probe (one "
+                                                                   "experiment) each over the same cached features")
+    fewshot_lr: float = task_option(LinearProbe, "fewshot_lr")
+    fewshot_epochs: int = task_option(LinearProbe, "fewshot_epochs")
+    seed: int = task_option(LinearProbe, "seed", ImageClustering)
     normalize: str = Field("true", description="linear_probe: L2-normalised features, clip_benchmark's default "
                                                "(the only choice: the cache holds normalised embeddings)")
-    batch_size: PositiveInt = Field(64, description="images or texts per forward pass")
-    num_workers: int = Field(2, ge=0, description="image decoding threads")
+    batch_size: PositiveInt = Field(BATCH_SIZE, description="images or texts per forward pass")
+    num_workers: int = Field(EncodeSettings.num_workers, ge=0, description="image decoding threads")
     limit: PositiveInt | None = Field(None, description="evaluate exactly the first N samples")
     amp: bool = Field(False, description="mixed precision: bf16 on CPU, fp16 on CUDA (default fp32, for parity)")
     device: str = Field("auto", description="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
-    on_bad_image: Literal["error", "skip"] = Field("error", description="an image that does not decode")
+    on_bad_image: OnBadImage = Field(EncodeSettings.on_bad_image, description="an image that does not decode")
     output: str | None = Field(None, description="also write clip_benchmark-style JSON to this path template, e.g. "
                                                  "'{dataset}_{model}_{task}.json'")
     output_dir: str = Field("outputs", description="results folder or fsspec URL (s3://bucket/prefix, gs://..., "
@@ -187,9 +218,7 @@ class EvaluateParams(BaseModel):
 
     @field_validator("fewshot_k")
     @classmethod
-    def _all_or_some(cls, value: list[int]) -> list[int]:
-        if 0 in value:
-            raise ValueError("0 samples per class trains nothing: give -1 (all) or a number >= 1")
+    def _distinct_k(cls, value: list[int]) -> list[int]:
         return list(dict.fromkeys(value))
 
     @model_validator(mode="after")
@@ -208,9 +237,13 @@ class EvaluateParams(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _one_validation_source(self) -> EvaluateParams:
-        if self.val_split is not None and self.val_proportion is not None:
-            raise ValueError("val_split and val_proportion: give one of them (as clip_benchmark)")
+    def _valid_task_options(self) -> EvaluateParams:
+        """Each task's options, as its Options model checks them (every swept value too)."""
+        for task in OPTION_TASKS:
+            try:
+                self.option_values().for_task(task.Options)
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
         return self
 
     @model_validator(mode="after")
@@ -225,24 +258,28 @@ class EvaluateParams(BaseModel):
         return self
 
     # -- what each stage gets --------------------------------------------------------------------------------------
-    def source(self, dataset: str, data_dir: str, language: str = "en") -> DataSource:
-        return DataSource(dataset, self.dataset_root, self.split, self.limit, self.hub, data_dir, self.offline,
-                          language, self.annotation_file)
+    def option_values(self) -> OptionValues:
+        """The values of every parameter that is some task's option (a task takes those its Options declare)."""
+        names = {name for task in OPTION_TASKS for name in task.Options.model_fields}
+        values = {name: getattr(self, name) for name in names if name not in SWEPT_OPTIONS}
+        return OptionValues(values, {name: tuple(getattr(self, name)) for name in SWEPT_OPTIONS})
 
-    def encode_settings(self, cached_only: bool) -> EncodeSettings:
-        return EncodeSettings(self.batch_size, self.num_workers, self.on_bad_image, cached_only, self.train_split,
-                              self.val_split)
+    def run_settings(self, cached_only: bool) -> RunSettings:
+        """The typed settings of every pair of the run; the pipeline reads these, not this model."""
+        from clipcache.storage.paths import local_dir
 
-    def score_settings(self, device: str) -> list[ScoreSettings]:
-        """One ScoreSettings per variant the run asks for: several --fewshot_k values give one each (tasks that do
-        not read a setting get one experiment from them all; see EvalTask.options)."""
-        return [ScoreSettings(tuple(self.recall_k), tuple(self.retrieval_metrics), self.ties, device, self.batch_size,
-                              train_split=self.train_split, val_split=self.val_split,
-                              val_proportion=self.val_proportion, fewshot_k=k, fewshot_lr=self.fewshot_lr,
-                              fewshot_epochs=self.fewshot_epochs, seed=self.seed) for k in self.fewshot_k]
-
-    def prompt_settings(self, language: str) -> PromptSettings:
-        return PromptSettings(language, self.classnames, self.templates)
+        source = DataSource("", self.dataset_root, split=self.split, limit=self.limit, hub=self.hub,
+                            data_dir=str(local_dir(self.cache_dir)), offline=self.offline,
+                            annotation_file=self.annotation_file)
+        return RunSettings(
+            task=self.task, source=source, languages=tuple(self.language),
+            prompts=PromptSettings(classnames=self.classnames, templates=self.templates),
+            encode=EncodeSettings(self.batch_size, self.num_workers, self.on_bad_image, cached_only),
+            score=ScoreSettings(tuple(self.recall_k), tuple(self.retrieval_metrics), batch_size=self.batch_size),
+            options=self.option_values(),
+            output=OutputSettings(output_dir=self.output_dir, template=self.output, skip_existing=self.skip_existing,
+                                  dump_classnames=self.dump_classnames, dump_templates=self.dump_templates),
+            cache_dir=self.cache_dir, amp=self.amp)
 
 
 def plain_name(value: str | None) -> str | None:

@@ -16,9 +16,10 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clipcache.flows.params import EvaluateParams
+from clipcache.flows.run_settings import RunSettings
 from clipcache.flows.stages import Stages
 from clipcache.storage import faults
 from clipcache.storage.embedding_store import EmbeddingStore
@@ -27,11 +28,15 @@ from clipcache.storage.experiment import Experiment, options_json
 from clipcache.storage.hashing import FileHashMemo
 from clipcache.storage.paths import check_location, local_dir
 from clipcache.storage.results import new_run_id, write_run_row
+from clipcache.tasks.contract import CacheMissError, DataSource, Prepared, PromptSettings, ScoreSettings, TaskOptions
 from clipcache.tasks.evaluation import get_task
-from clipcache.tasks.evaluation.base import CacheMissError, EvalTask, Prepared, PromptSettings, ScoreSettings
+from clipcache.tasks.evaluation.base import EvalTask
 from clipcache.tasks.models.spec import ModelSpec
 from clipcache.tasks.progress import StageProgress
 from clipcache.tasks.results import RunInfo, clipcache_version, existing_result, write_pair_results
+
+if TYPE_CHECKING:
+    from clipcache.flows.scaleout import ShardedEncoder
 
 log = logging.getLogger("clipcache.flow")
 
@@ -58,25 +63,20 @@ class PairResult:
     variant: str = ""  # the task settings that tell this result apart when a run asks for several (fewshot_k=5)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunContext:
-    """What every pair of one run shares."""
+    """What every pair of one run shares: typed settings (not the parameter model) and the open stores."""
 
-    params: EvaluateParams
-    cached_only: bool
+    settings: RunSettings
     stages: Stages
     run: RunInfo
     store: EmbeddingStore
     memo: FileHashMemo
     progress: StageProgress
-    encoder: Any = None  # flows.scaleout.ShardedEncoder when --task_runner shards encoding
+    encoder: ShardedEncoder | None = None  # when --task_runner shards encoding
     # experiment id -> the pair that took it: one set of weights named twice (a file and its copy) is one experiment,
     # and a second set of its rows in this run would break the (run, experiment, metric, k) grain
     seen: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def data_dir(self) -> str:
-        return str(local_dir(self.params.cache_dir))
 
 
 @dataclass
@@ -102,20 +102,21 @@ def prepare_model(spec: ModelSpec, memo: FileHashMemo, device: str, amp: bool, m
                         progress=progress)
 
 
-def choose_task(params: EvaluateParams, dataset: str) -> EvalTask:
+def choose_task(task: str, dataset: str, dataset_root: str | None) -> EvalTask:
+    """``task``, or with ``auto`` the dataset's own."""
     from clipcache.tasks.datasets import default_task
 
-    return get_task(default_task(dataset, params.dataset_root) if params.task == "auto" else params.task)
+    return get_task(default_task(dataset, dataset_root) if task == "auto" else task)
 
 
-def experiment_for(ctx: RunContext, spec: ModelSpec, session: Any, task: EvalTask, prepared: Prepared,
-                   language: str, settings: ScoreSettings) -> Experiment:
-    params = ctx.params
+def experiment_for(spec: ModelSpec, session: Any, task: EvalTask, prepared: Prepared,
+                   settings: ScoreSettings) -> Experiment:
+    source = prepared.source
     return Experiment(
-        model=spec.display_name, checkpoint=session.resolved.checkpoint, dataset=prepared.source.name,
-        split=params.split, language=language, task=task.name, precision=session.precision,
-        sample_limit=prepared.source.limit, prompts=prepared.prompts_sha256, default_prompts=prepared.default_prompts,
-        options=options_json({**task.options(settings), **annotation_option(params.annotation_file)}),
+        model=spec.display_name, checkpoint=session.resolved.checkpoint, dataset=source.name,
+        split=source.split, language=source.language, task=task.name, precision=session.precision,
+        sample_limit=source.limit, prompts=prepared.prompts_sha256, default_prompts=prepared.default_prompts,
+        options=options_json({**task.options(settings), **annotation_option(source.annotation_file)}),
         pretrained=session.resolved.checkpoint_label,
         model_dir=spec.basename)
 
@@ -147,23 +148,26 @@ def annotation_option(path: str | None) -> dict[str, str]:
 def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, language: str) -> list[PairResult]:
     """One (model, dataset, language): prepare, encode once, then score and write each variant the run asks for
     (several --fewshot_k values: one experiment each, over the same cache entries)."""
-    params, stages = ctx.params, ctx.stages
-    task = choose_task(params, dataset)
+    shared, stages = ctx.settings, ctx.stages
+    task = choose_task(shared.task, dataset, shared.source.root)
     label = f"{spec.display_name}{'@' + session.resolved.checkpoint_label if session.resolved.checkpoint_label else ''}"
-    where = f"{label}-{dataset}" + (f"-{language}" if len(params.language) > 1 else "")
-    source = params.source(dataset, ctx.data_dir, language)
-    prepared = stages.run("prepare", f"prepare-{where}", task.prepare, source, params.prompt_settings(language),
-                          ctx.progress)
-    prepared = full_when_untruncated(task, prepared, params.prompt_settings(language), ctx.progress)
+    where = f"{label}-{dataset}" + (f"-{language}" if len(shared.languages) > 1 else "")
+    source = replace(shared.source, name=dataset, language=language)
+    prompts = replace(shared.prompts, language=language)
+    prepared = stages.run("prepare", f"prepare-{where}", task.prepare, source, prompts, ctx.progress)
+    prepared = full_when_untruncated(task, prepared, prompts, ctx.progress)
+    # one set of options per variant the run asks for (several --fewshot_k values for a task that reads it)
+    options = shared.options.for_task(task.Options)
     results: list[PairResult] = []
     pending: list[tuple[PairResult, Experiment, ScoreSettings, str]] = []
     variants: dict[str, tuple[Experiment, ScoreSettings]] = {}
-    for settings in params.score_settings(str(session.device)):  # a task that ignores a setting: one experiment
-        experiment = experiment_for(ctx, spec, session, task, prepared, language, settings)
+    for chosen in options:
+        settings = replace(shared.score, device=str(session.device), options=chosen)
+        experiment = experiment_for(spec, session, task, prepared, settings)
         variants.setdefault(experiment.id, (experiment, settings))
-    swept = [k for k in task.option_defaults if len({getattr(s, k) for _, s in variants.values()}) > 1]
+    swept = [k for k in task.Options.model_fields if len({getattr(s.options, k) for _, s in variants.values()}) > 1]
     for experiment, settings in variants.values():
-        variant = ",".join(f"{k}={getattr(settings, k)}" for k in swept)
+        variant = ",".join(f"{k}={getattr(settings.options, k)}" for k in swept)
         name = where + (f"-{variant}" if variant else "")
         result = PairResult(spec.display_name, dataset, task.name, experiment.pretrained, language,
                             experiment_id=experiment.id, run_id=ctx.run.run_id, variant=variant)
@@ -173,7 +177,8 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
             result.status = "skipped"
             continue
         ctx.seen[experiment.id] = name
-        if params.skip_existing and (found := existing_result(experiment, params.output_dir)) is not None:
+        output = shared.output
+        if output.skip_existing and (found := existing_result(experiment, output.output_dir)) is not None:
             log.info("%s: skipped, %s exists", name, found)
             result.status, result.files = "skipped", [str(found)]
             continue
@@ -185,26 +190,29 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
     started = time.perf_counter()
     if ctx.encoder is not None:
         sharded = ctx.encoder.encode_pair(session, task, prepared, ctx.memo)
+    # variants differ only in options the encode step does not read (--fewshot_k): the first one's are theirs
+    encode = replace(shared.encode, options=options[0])
     try:
         encoded = stages.run("encode", f"encode-{where}", task.encode, session, prepared, ctx.store, ctx.memo,
-                             params.encode_settings(ctx.cached_only), ctx.progress, sharded=sharded)
+                             encode, ctx.progress, sharded=sharded)
     except CacheMissError as e:
-        raise ClipcacheError(f"{e}. Fill it with:\n  {eval_command(params, spec, dataset, language)}") from e
+        raise ClipcacheError(f"{e}. Fill it with:\n  {eval_command(shared, spec, source, options[0])}") from e
     encode_seconds = time.perf_counter() - started
     scores = []  # every variant is scored before any is written: a bad one (fewshot_k too large) writes nothing
     for _, _, settings, name in pending:
         with ctx.progress.status(f"scoring {dataset} on {session.device}"):
             scores.append(stages.run("score", f"score-{name}", task.score, ctx.store, encoded, prepared, settings))
     dumps = {}  # clip_benchmark's --dump_classnames / --dump_templates: the prompts this evaluation used
-    if prepared.prompts is not None and params.dump_classnames:
+    if prepared.prompts is not None and shared.output.dump_classnames:
         dumps["classnames"] = list(prepared.prompts.classnames)
-    if prepared.prompts is not None and params.dump_templates:
+    if prepared.prompts is not None and shared.output.dump_templates:
         dumps["templates"] = list(prepared.prompts.templates)
     for (result, experiment, _, name), scored in zip(pending, scores, strict=True):
         files = stages.run("write-results", f"write-{name}", write_pair_results, ctx.run, spec, experiment,
                            model_fingerprint=session.resolved.fingerprint, metrics=scored.metrics, tied=scored.tied,
-                           n_samples=scored.n_samples, cache_keys=encoded.cache_keys, output_dir=params.output_dir,
-                           output_template=params.output, dumps=dumps)
+                           n_samples=scored.n_samples, cache_keys=encoded.cache_keys,
+                           output_dir=shared.output.output_dir, output_template=shared.output.template, dumps=dumps,
+                           evidence=scored.evidence)
         result.metrics, result.tied, result.n_samples = scored.metrics, scored.tied, scored.n_samples
         result.cache_hit, result.resumed = encoded.cache_hit, encoded.resumed
         result.model_loaded = session.loads > loads_before or bool(sharded)  # sharded: the workers loaded it
@@ -223,7 +231,7 @@ def check_prompt_files(params: EvaluateParams) -> None:
     given = {what: path for what, path in (("classnames", params.classnames), ("templates", params.templates)) if path}
     if not given:
         return
-    prompted = [d for d in params.datasets if choose_task(params, d).uses_prompts]
+    prompted = [d for d in params.datasets if choose_task(params.task, d, params.dataset_root).uses_prompts]
     for what, path in given.items():
         if not prompted:
             raise ConfigError(f"{what}: {path} would be ignored: no dataset of this run ({', '.join(params.datasets)}) "
@@ -254,17 +262,22 @@ def run_evaluation(params: EvaluateParams, stages: Stages, cached_only: bool) ->
     progress = StageProgress(enabled=params.verbose)
     results: list[PairResult] = []
     status, device = "failed", "unknown"
+    sessions: list[Any] = []  # closed when the run ends: an API model prints its cost line then
     log.info("run %s: %d model(s) x %d dataset(s) x %d language(s)%s", run.run_id, len(params.models),
              len(params.datasets), len(params.language), " (cached only)" if cached_only else "")
     try:
         with open_task_runner("none" if cached_only else params.task_runner, params.workers) as runner:
-            ctx = RunContext(params, cached_only, stages, run, store, memo, progress)
+            settings = params.run_settings(cached_only)
+            ctx = RunContext(settings=settings, stages=stages, run=run, store=store, memo=memo, progress=progress)
             if runner is not None:
-                ctx.encoder = ShardedEncoder(runner, store, params, progress)
+                ctx.encoder = ShardedEncoder(runner, store, settings.encode, progress, task_runner=params.task_runner,
+                                             workers=params.workers, shard_rows=params.shard_rows,
+                                             device=params.device, model_cache_dir=params.model_cache_dir)
             for spec in params.models:
                 session = stages.run("prepare-model", f"model-{spec.display_name}", prepare_model, spec, memo,
                                      params.device, params.amp, params.model_cache_dir, progress)
                 device = str(session.device)
+                sessions.append(session)
                 for dataset in params.datasets:
                     for language in params.language:
                         results.extend(evaluate_pair(ctx, spec, session, dataset, language))
@@ -281,6 +294,8 @@ def run_evaluation(params: EvaluateParams, stages: Stages, cached_only: bool) ->
             "clipcache_version": clipcache_version(),
         })
         log.info("run %s: %s in %.1f s", run.run_id, status, time.perf_counter() - started)
+        for opened in sessions:
+            opened.close(report=status == "completed")
     return RunOutcome(run.run_id, results, status, device)
 
 
@@ -296,21 +311,25 @@ def library_versions() -> dict[str, str]:
     return found
 
 
-def eval_command(params: EvaluateParams, spec: ModelSpec, dataset: str, language: str = "en") -> str:
-    """The `clipcache eval` invocation that encodes what a rescore of (spec, dataset) needs."""
+def eval_command(settings: RunSettings, spec: ModelSpec, source: DataSource, options: TaskOptions) -> str:
+    """The `clipcache eval` invocation that encodes what a rescore of (spec, source) needs: with the task's options
+    that choose what is encoded (``encode_fields``), where they differ from their defaults."""
     args = ["clipcache", "eval", "--model", spec.model_name]
+    defaults = type(options).model_fields
+    chosen = [(f"--{name}", None if getattr(options, name) == defaults[name].default else getattr(options, name))
+              for name in options.encode_fields]
     optional = [("--pretrained", spec.pretrained),
                 ("--model_type", None if spec.model_type == "auto" else spec.model_type),
-                ("--arch_config", spec.arch_config), ("--dataset", dataset), ("--dataset_root", params.dataset_root),
-                ("--split", None if params.split == "test" else params.split),
-                ("--task", None if params.task == "auto" else params.task),
-                ("--train_split", None if params.train_split == "train" else params.train_split),
-                ("--val_split", params.val_split),
-                ("--language", None if language == "en" else language), ("--annotation_file", params.annotation_file),
-                ("--limit", params.limit), ("--cache_dir", None if params.cache_dir == "cache" else params.cache_dir)]
+                ("--arch_config", spec.arch_config), ("--dataset", source.name), ("--dataset_root", source.root),
+                ("--split", None if source.split == "test" else source.split),
+                ("--task", None if settings.task == "auto" else settings.task), *chosen,
+                ("--language", None if source.language == "en" else source.language),
+                ("--annotation_file", source.annotation_file),
+                ("--limit", source.limit),
+                ("--cache_dir", None if settings.cache_dir == "cache" else settings.cache_dir)]
     for flag, value in optional:
         if value is not None:
             args += [flag, str(value)]
-    if params.amp:
+    if settings.amp:
         args.append("--amp")
     return shlex.join(args)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from functools import cache
 from typing import Any, Literal, cast
 
@@ -25,6 +26,7 @@ from clipcache.storage.cache_keys import entry_key
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import ClipcacheError
 from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.contract import EncodeSettings, Prepared
 from clipcache.tasks.datasets.base import EvalDataset
 from clipcache.tasks.encode import sharded
 from clipcache.tasks.encode.sharded import ShardJob, WorkerModel, plan_shards, prepare_entry, publish_sharded
@@ -35,7 +37,7 @@ from clipcache.tasks.encode.stage import (
     distinct_captions,
     image_key_fields,
 )
-from clipcache.tasks.evaluation.base import EvalTask, Prepared
+from clipcache.tasks.evaluation.base import EvalTask
 from clipcache.tasks.progress import StageProgress
 
 SHARDABLE_ROLES = ("image", "caption")
@@ -103,17 +105,22 @@ def _tiny_last_batch(job: ShardJob, rows: int, batch_size: int) -> bool:
 class ShardedEncoder:
     """Encodes the image and caption entries of one evaluation through ``runner`` (see the module docstring)."""
 
-    def __init__(self, runner: Any, store: EmbeddingStore, params: Any, progress: StageProgress):
+    def __init__(self, runner: Any, store: EmbeddingStore, settings: EncodeSettings, progress: StageProgress, *,
+                 task_runner: str, workers: int | None, shard_rows: int | None, device: str,
+                 model_cache_dir: str | None):
         self.runner = runner
         self.store = store
-        self.params = params
+        self.settings = replace(settings, options=None)  # what every shard encodes with (no task options)
         self.progress = progress
-        self.workers = params.workers or default_workers()
+        self.task_runner = task_runner  # named in errors
+        self.workers = workers or default_workers()
+        self.shard_rows = shard_rows
+        self.device = device  # as the user gave it: a worker resolves "auto" to its own GPU
+        self.model_cache_dir = model_cache_dir
         self._dims: dict[str, int] = {}
 
     def _worker_model(self, session: ModelSession) -> WorkerModel:
-        return WorkerModel(session.resolved, self.params.device, session.amp, session.precision,
-                           self.params.model_cache_dir)
+        return WorkerModel(session.resolved, self.device, session.amp, session.precision, self.model_cache_dir)
 
     def _dim(self, model: WorkerModel) -> int:
         key = entry_key({"model": model.resolved.identity, "precision": model.precision})
@@ -121,7 +128,7 @@ class ShardedEncoder:
             try:
                 self._dims[key] = self.runner.submit(shard_tasks()[1], parameters={"model": model}).result()
             except (OSError, TimeoutError) as e:
-                raise ClipcacheError(f"task_runner {self.params.task_runner}: cannot reach the workers ({e})") from e
+                raise ClipcacheError(f"task_runner {self.task_runner}: cannot reach the workers ({e})") from e
         return self._dims[key]
 
     def encode_pair(self, session: ModelSession, task: EvalTask, prepared: Prepared,
@@ -160,20 +167,21 @@ class ShardedEncoder:
             meta = {"model": session.resolved.display_name, "dataset": dataset.name, "split": dataset.split,
                     "captions": len(caption_row)}
             label, unit = f"encode captions {dataset.name}", "txt"
-        plan = plan_shards(rows, self.params.batch_size, self.workers, self.params.shard_rows)
+        batch_size = self.settings.batch_size
+        plan = plan_shards(rows, batch_size, self.workers, self.shard_rows)
         model = self._worker_model(session)
         with self.store.lock(key):
             if self.store.has(key):
                 return None
             pending = prepare_entry(self.store, key_fields, plan, self._dim(model), {k: np.asarray(v)
                                                                                     for k, v in aux.items()})
-            jobs = [ShardJob(str(self.store.root), key, role, lo, hi, prepared.source, identity, model,
-                             self.params.batch_size, self.params.num_workers, self.params.on_bad_image)
+            jobs = [ShardJob(store_root=str(self.store.root), key=key, role=role, lo=lo, hi=hi, source=prepared.source,
+                             identity=identity, model=model, settings=self.settings)
                     for lo, hi in pending]
             encoded = 0
             with self.progress.track(label, rows, unit) as advance:
                 advance(rows - sum(hi - lo for lo, hi in pending))
-                here = [job for job in jobs if _tiny_last_batch(job, rows, self.params.batch_size)]
+                here = [job for job in jobs if _tiny_last_batch(job, rows, batch_size)]
                 futures = [self.runner.submit(shard_tasks()[0], parameters={"job": job}) for job in jobs
                            if job not in here]
                 from prefect.futures import as_completed

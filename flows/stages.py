@@ -11,26 +11,30 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 log = logging.getLogger("clipcache.flow")
+P = ParamSpec("P")
 R = TypeVar("R")
 
 
 class Stages(Protocol):
+    """``run(name, run_name, fn, *args, **kwargs)`` is ``fn(*args, **kwargs)`` as a stage: the arguments are checked
+    against ``fn``'s signature and the result has its type."""
+
     kind: str
 
-    def run(self, name: str, run_name: str, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R: ...
+    def run(self, name: str, run_name: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
 
 
 class LocalStages:
     kind = "local"
 
-    def run(self, name: str, run_name: str, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    def run(self, name: str, run_name: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         return _run_logged(run_name, fn, *args, **kwargs)
 
 
-def _run_logged(run_name: str, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+def _run_logged(run_name: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
     """``fn(*args, **kwargs)`` between a start and an end line, the same under both kinds of stages."""
     started = time.perf_counter()
     log.info("%s: started", run_name)
@@ -50,7 +54,7 @@ class PrefectStages:
         self._tasks: dict[tuple[str, Callable[..., Any]], Any] = {}
         ship_logs_to_prefect()
 
-    def run(self, name: str, run_name: str, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    def run(self, name: str, run_name: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         from prefect import task
         from prefect.cache_policies import NO_CACHE
 
@@ -58,15 +62,16 @@ class PrefectStages:
         if key not in self._tasks:
             make_task: Any = task  # its overloads do not type a cache policy given by keyword
             self._tasks[key] = make_task(_logged(fn), name=name, cache_policy=NO_CACHE)
-        return self._tasks[key].with_options(task_run_name=run_name)(*args, **kwargs)
+        result: R = self._tasks[key].with_options(task_run_name=run_name)(*args, **kwargs)
+        return result
 
 
-def _logged(fn: Callable[..., R]) -> Callable[..., R]:
+def _logged(fn: Callable[P, R]) -> Callable[P, R]:
     """``fn`` with a start and an end line in the task run's log (as LocalStages writes them)."""
     import functools
 
     @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> R:
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
         from prefect.runtime import task_run
 
         return _run_logged(task_run.name or fn.__name__, fn, *args, **kwargs)  # named: stage, model, dataset

@@ -100,6 +100,9 @@ def compact(output_dir: str | Path, table: str = "metrics", upgrade: Upgrade | N
         # Rows keep their immediate source: re-compacting a compacted file hides that file, whose own sources
         # were deleted before (covered files are removed first, above).
         part = part.append_column(SOURCE_COLUMN, pa.array([f.name] * len(part), pa.string()))
+        for field in schema:  # nullable columns added since the file was written (ci_low, ci_high) read as nulls
+            if field.name not in part.column_names:
+                part = part.append_column(field, pa.nulls(len(part), field.type))
         parts.append(part.select(schema.names).cast(schema))
     rows_before, checksum_before = _files_checksum(sources, check)
     if len(files) <= 1 and not old:

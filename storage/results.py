@@ -55,6 +55,9 @@ METRIC_SCHEMA = pa.schema([
     ("cache_keys", pa.list_(pa.string())),
     ("clipcache_version", pa.string()),
     ("schema_version", pa.int32()),
+    # the metric's 95% interval: a seeded percentile bootstrap over its samples (null: not computed)
+    ("ci_low", pa.float64()),
+    ("ci_high", pa.float64()),
 ])
 
 RUN_SCHEMA = pa.schema([
@@ -68,6 +71,30 @@ RUN_SCHEMA = pa.schema([
     ("device", pa.string()),
     ("durations", pa.string()),
     ("clipcache_version", pa.string()),
+    ("schema_version", pa.int32()),
+])
+
+
+# One row per sample (or query) of an experiment: what its metrics are made of. Committed by the run row like the
+# metric rows: the `samples` view shows the rows of completed runs only.
+SAMPLE_SCHEMA = pa.schema([
+    ("run_id", pa.string()),
+    ("created_at", pa.timestamp("us", tz="UTC")),
+    ("experiment_id", pa.string()),
+    ("task", pa.string()),
+    ("unit", pa.string()),  # image (a classified image), caption / image_query (a retrieval query), class, ...
+    ("sample_index", pa.int64()),  # position in the dataset's order (the same across experiments over the data)
+    ("sample_key", pa.string()),  # the sample's own name where the dataset has one (file, shard key)
+    ("target", pa.int64()),
+    ("prediction", pa.int64()),
+    ("top", pa.list_(pa.int32())),  # the best-scored classes (or items), best first
+    ("correct1", pa.bool_()),
+    ("correct5", pa.bool_()),
+    ("rank", pa.int64()),  # 1 + the number of candidates scored above the target
+    ("tied", pa.bool_()),
+    ("score", pa.float64()),
+    ("margin", pa.float64()),
+    ("value", pa.float64()),
     ("schema_version", pa.int32()),
 ])
 
@@ -135,11 +162,44 @@ def write_run_row(output_dir: str | Path, row: dict[str, Any]) -> Path:
     return _write_table(path, [row], RUN_SCHEMA)
 
 
-TABLES = {"metrics": METRIC_SCHEMA, "runs": RUN_SCHEMA}
+def write_sample_rows(output_dir: str | Path, run_id: str, *, created_at: datetime, experiment_id: str, task: str,
+                      unit: str, columns: dict[str, Any], keys: list[str] | None = None) -> Path:
+    """Per-sample outcomes (NumPy arrays by column) as one Parquet file, Arrow straight from the arrays."""
+    import numpy as np
+
+    n = len(next(iter(columns.values())))
+    fixed = {"run_id": pa.array([run_id] * n, pa.string()),
+             "created_at": pa.array([created_at] * n, pa.timestamp("us", tz="UTC")),
+             "experiment_id": pa.array([experiment_id] * n, pa.string()), "task": pa.array([task] * n, pa.string()),
+             "unit": pa.array([unit] * n, pa.string()),
+             "sample_index": pa.array(np.asarray(columns["sample_index"], np.int64) if "sample_index" in columns
+                                      else np.arange(n, dtype=np.int64)),
+             "sample_key": pa.array(keys, pa.string()) if keys is not None else pa.nulls(n, pa.string()),
+             "schema_version": pa.array(np.full(n, SCHEMA_VERSION, dtype=np.int32))}
+    arrays = []
+    for field in physical_schema(SAMPLE_SCHEMA):
+        if field.name in fixed:
+            arrays.append(fixed[field.name])
+        elif field.name == "top" and "top" in columns:
+            top = np.ascontiguousarray(columns["top"], dtype=np.int32)
+            offsets = np.arange(0, top.size + 1, max(top.shape[1], 1), dtype=np.int32)[: n + 1]
+            arrays.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(top.ravel())))
+        elif field.name in columns:
+            arrays.append(pa.array(np.asarray(columns[field.name])).cast(field.type))
+        else:
+            arrays.append(pa.nulls(n, field.type))
+    table = pa.Table.from_arrays(arrays, schema=physical_schema(SAMPLE_SCHEMA))
+    path = warehouse_dir(output_dir) / "samples" / f"{run_id}-{uuid.uuid4().hex[:8]}.parquet"
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+    return path
+
+
+TABLES = {"metrics": METRIC_SCHEMA, "runs": RUN_SCHEMA, "samples": SAMPLE_SCHEMA}
 # The columns of schema version 1 (clipcache 0.1): a migration keeps every one of them unchanged.
 V1_COLUMNS = {
     "metrics": ("run_id", "created_at", "model", "pretrained", "model_fingerprint", "dataset", "split", "language",
                 "task", "metric", "k", "value", "higher_is_better", "n_samples", "cache_keys", "clipcache_version"),
+    "samples": ("run_id", "created_at", "experiment_id", "task", "unit", "sample_index"),  # new in version 2
     "runs": ("run_id", "created_at", "finished_at", "status", "config", "versions", "device", "durations",
              "clipcache_version"),
 }
@@ -245,6 +305,7 @@ def visible_files(folder: AnyPath, table: str | None = None) -> list[AnyPath]:
 
 # schema_version: every release wrote it (tests/fixtures/warehouse_release_0_1), and `schema_versions` reads it.
 REQUIRED_COLUMNS = {"metrics": {"run_id", "model", "dataset", "task", "metric", "value", "schema_version"},
+                    "samples": {"run_id", "experiment_id", "unit", "sample_index", "schema_version"},
                     "runs": {"run_id", "status", "created_at", "schema_version"}}
 
 

@@ -33,7 +33,8 @@ from clipcache.storage.results import TABLES, file_problem, physical_schema, pub
 # A leaderboard entry: one latest reference run is chosen per grain (dbt_reports/models/marts/latest_metrics.sql).
 LEADERBOARD_GRAIN = ("model", "checkpoint", "dataset", "split", "language", "task", "precision")
 LEADERBOARD_COLUMNS = ("model", "pretrained", "checkpoint", "dataset", "split", "language", "task", "precision",
-                       "metric", "k", "value", "n_samples", "tied_queries", "run_id", "created_at", "experiment_id")
+                       "metric", "k", "value", "ci_low", "ci_high", "n_samples", "tied_queries", "run_id", "created_at",
+                       "experiment_id")
 ALLOWED_STATEMENTS = ("SELECT", "EXPLAIN")
 
 
@@ -48,7 +49,8 @@ class Warehouse:
         """Damaged files of the tables ``sql`` reads (the views built on metrics read the metric files)."""
         text = sql.lower()
         uses = {"metrics": any(v in text for v in ("metrics", "leaderboard")),
-                "runs": any(v in text for v in ("runs", "metrics", "leaderboard"))}
+                "runs": any(v in text for v in ("runs", "metrics", "leaderboard", "samples")),
+                "samples": "samples" in text}
         return [p for table, problems in self.damaged.items() if uses[table] for p in problems]
 
 
@@ -57,7 +59,8 @@ def _quoted(files: list[AnyPath]) -> str:
 
 
 DUCKDB_TYPES = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float64(): "DOUBLE",
-                pa.bool_(): "BOOLEAN", pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ", pa.list_(pa.string()): "VARCHAR[]"}
+                pa.bool_(): "BOOLEAN", pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ", pa.list_(pa.string()): "VARCHAR[]",
+                pa.list_(pa.int32()): "INTEGER[]"}
 
 
 def _table_view(con: duckdb.DuckDBPyConnection, name: str, folder: AnyPath) -> list[str]:
@@ -102,6 +105,18 @@ def _derived_views(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("CREATE VIEW metrics_all AS SELECT m.*, r.status FROM _metric_rows m LEFT JOIN runs r USING (run_id)")
     con.execute("CREATE VIEW metrics AS SELECT m.* FROM _metric_rows m SEMI JOIN "
                 "(SELECT run_id FROM runs WHERE status = 'completed') USING (run_id)")
+    con.execute("ALTER VIEW samples RENAME TO _sample_rows")
+    con.execute("CREATE VIEW samples AS SELECT s.* FROM _sample_rows s SEMI JOIN "
+                "(SELECT run_id FROM runs WHERE status = 'completed') USING (run_id)")
+    # the sample rows of each experiment's latest completed run, and the samples two experiments disagree on
+    con.execute("CREATE VIEW latest_samples AS SELECT * FROM samples "
+                "QUALIFY dense_rank() OVER (PARTITION BY experiment_id ORDER BY created_at DESC, run_id DESC) = 1")
+    con.execute("CREATE MACRO sample_flips(baseline, candidate) AS TABLE "
+                "SELECT a.sample_index, a.sample_key, a.target, a.prediction AS baseline_prediction, "
+                "b.prediction AS candidate_prediction, a.correct1 AS baseline_correct1, "
+                "b.correct1 AS candidate_correct1 FROM latest_samples a JOIN latest_samples b USING (sample_index) "
+                "WHERE a.experiment_id = baseline AND b.experiment_id = candidate AND a.correct1 <> b.correct1 "
+                "ORDER BY a.sample_index")
     con.execute(f"CREATE VIEW leaderboard AS SELECT {', '.join(LEADERBOARD_COLUMNS)} FROM metrics "
                 f"WHERE sample_limit IS NULL AND default_prompts AND task_options = '{{}}' "
                 f"QUALIFY dense_rank() OVER (PARTITION BY {', '.join(LEADERBOARD_GRAIN)} "

@@ -11,14 +11,18 @@ import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from clipcache.storage.errors import ConfigError
 from clipcache.storage.experiment import Experiment
 from clipcache.storage.naming import path_component, template_problem
 from clipcache.storage.paths import AnyPath, as_path
-from clipcache.storage.results import json_safe_metrics, write_json, write_metric_rows
+from clipcache.storage.results import json_safe_metrics, write_json, write_metric_rows, write_sample_rows
 from clipcache.tasks.models.spec import ModelSpec
 from clipcache.tasks.score.metrics import split_metric_name
+
+if TYPE_CHECKING:  # numpy stays out of the CLI's start-up
+    from clipcache.tasks.score.evidence import Evidence
 
 
 def clipcache_version() -> str:
@@ -100,7 +104,9 @@ def _owner(path: AnyPath) -> str | None:
 
 
 def metric_rows(run: RunInfo, experiment: Experiment, *, model_fingerprint: str, metrics: dict[str, float],
-                tied: dict[str, int], n_samples: int, cache_keys: list[str]) -> list[dict]:
+                tied: dict[str, int], n_samples: int, cache_keys: list[str],
+                intervals: dict[str, tuple[float | None, float | None]] | None = None) -> list[dict]:
+    intervals = intervals or {}
     common = {"run_id": run.run_id, "created_at": run.created_at, **experiment.columns(),
               "model_fingerprint": model_fingerprint, "n_samples": n_samples, "cache_keys": cache_keys,
               "clipcache_version": clipcache_version()}
@@ -109,7 +115,8 @@ def metric_rows(run: RunInfo, experiment: Experiment, *, model_fingerprint: str,
         info, k = split_metric_name(flat)
         rows.append({**common, "metric": info.name, "k": k, "higher_is_better": info.higher_is_better,
                      "value": None if value is None or (isinstance(value, float) and math.isnan(value)) else
-                     float(value), "tied_queries": tied.get(flat)})
+                     float(value), "tied_queries": tied.get(flat),
+                     "ci_low": intervals.get(flat, (None, None))[0], "ci_high": intervals.get(flat, (None, None))[1]})
     return rows
 
 
@@ -138,11 +145,22 @@ def result_payload(spec: ModelSpec, experiment: Experiment, metrics: dict[str, f
 
 def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, *, model_fingerprint: str,
                        metrics: dict[str, float], tied: dict[str, int], n_samples: int, cache_keys: list[str],
-                       output_dir: str, output_template: str | None, dumps: dict | None = None) -> list[Path]:
-    """``dumps``: what clip_benchmark's --dump_classnames / --dump_templates add to the JSON (classnames, templates)."""
+                       output_dir: str, output_template: str | None, dumps: dict | None = None,
+                       evidence: Evidence | None = None) -> list[Path]:
+    """``dumps``: what clip_benchmark's --dump_classnames / --dump_templates add to the JSON (classnames, templates).
+    ``evidence``: the per-sample rows (written first; like the metric rows, the run row commits them) and the
+    metrics' intervals (in the JSON and the metric rows)."""
     dumps = dumps or {}
-    paths = [write_json(result_file_for(experiment, output_dir), {**result_payload(spec, experiment, metrics,
-                                                                                   n_samples, tied), **dumps})]
+    intervals = evidence.intervals if evidence is not None else {}
+    paths: list[Path] = []
+    if evidence is not None and evidence.columns:
+        paths.append(write_sample_rows(output_dir, run.run_id, created_at=run.created_at, experiment_id=experiment.id,
+                                       task=experiment.task, unit=evidence.unit, columns=evidence.columns,
+                                       keys=evidence.keys))
+    payload = result_payload(spec, experiment, metrics, n_samples, tied)
+    if intervals:
+        payload["intervals"] = {name: list(bounds) for name, bounds in intervals.items()}
+    paths.append(write_json(result_file_for(experiment, output_dir), {**payload, **dumps}))
     if output_template:
         payload = {"dataset": experiment.dataset, "model": spec.model_name, "pretrained": spec.pretrained,
                    "task": experiment.task, "metrics": json_safe_metrics(metrics), "language": experiment.language}
@@ -153,7 +171,7 @@ def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, *,
             target = target.with_name(f"{target.stem}.{experiment.id[:8]}{target.suffix}")
         paths.append(write_json(target, {**payload, **dumps}))
     rows = metric_rows(run, experiment, model_fingerprint=model_fingerprint, metrics=metrics, tied=tied,
-                       n_samples=n_samples, cache_keys=cache_keys)
+                       n_samples=n_samples, cache_keys=cache_keys, intervals=intervals)
     paths.append(write_metric_rows(output_dir, run.run_id, rows))
     return paths
 

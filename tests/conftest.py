@@ -148,7 +148,7 @@ def wds_multilabel(tmp_path_factory) -> Path:
 
 
 # The fast tier (`make test-fast`) leaves out what needs a Prefect server, other processes, servers or a browser.
-FULL_TIER_FIXTURES = {"prefect_server", "s3_endpoint", "bucket", "hub", "vlm"}
+FULL_TIER_FIXTURES = {"prefect_server", "s3_endpoint", "bucket", "hub", "vlm", "embedding_server"}
 FULL_TIER_MODULES = {"test_deployments", "test_scaleout", "test_remote_storage", "test_artifacts", "test_packaging"}
 
 

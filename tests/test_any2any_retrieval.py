@@ -15,9 +15,9 @@ import torch.nn.functional as F  # noqa: N812
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.datasets.any2any import open_any2any
 from clipcache.tasks.encode.stage import ModelSession
 from clipcache.tasks.evaluation import evaluate_one
-from clipcache.tasks.evaluation.any2any_retrieval import open_any2any
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, ScoreSettings
 from clipcache.tasks.models.resolve import resolve_model
 from clipcache.tasks.models.spec import ModelSpec

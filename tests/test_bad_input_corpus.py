@@ -436,6 +436,26 @@ def _(tmp):
     return ["cache", "--cache_dir", str(tmp / "cache"), "rm", "deadbeef"], "deadbeef"
 
 
+# -- api: models (docs/api_models.md) -------------------------------------------------------------------------------
+@case("api: a model without --api_base")
+def _(tmp):
+    return ["eval", "--model", "api:m", "--quiet", "--orchestrator", "local", "--dataset", "shapes"], \
+        "needs the server's OpenAI-compatible base URL"
+
+
+@case("api: --api_base for a model that is not an api: model")
+def _(tmp):
+    return ["eval", *BASE, "--dataset", "shapes", "--api_base", "http://127.0.0.1:9/v1"], \
+        "--api_base: only api: models take it"
+
+
+@case("api: no key in the environment")
+def _(tmp):
+    return ["eval", "--model", "api:m", "--api_base", "http://127.0.0.1:9/v1", "--api_key_env",
+            "CLIPCACHE_TEST_UNSET_KEY", "--quiet", "--orchestrator", "local", "--dataset", "shapes", "--limit", "4"], \
+        "no API key: set the environment variable CLIPCACHE_TEST_UNSET_KEY"
+
+
 def assert_nothing_half_written(tmp: Path) -> None:
     out, cache = tmp / "out", tmp / "cache"
     leftovers = [p for p in tmp.rglob("*") if p.name.endswith(".tmp") or ".tmp." in p.name]

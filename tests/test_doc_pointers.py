@@ -12,10 +12,10 @@ from conftest import REPO
 DOCS = sorted([REPO / "README.md", REPO / "CONTRIBUTING.md", *(REPO / "docs").glob("*.md")])
 DOTTED = re.compile(r"(?<![\w/.-])clipcache(?:\.[A-Za-z_]\w*)+")
 FILES = re.compile(r"(?<![\w/.-])((?:flows|tasks|storage|tests|benchmarks|scripts|dbt_reports|examples|docs)"
-                   r"/[\w./-]*\w)(?::(\w+))?")
+                   r"/[\w./*-]*[\w*])(?::(\w+))?")
 # entry-point groups and file names that read like dotted module paths
 NOT_MODULES = {"clipcache.datasets", "clipcache.tasks", "clipcache.models", "clipcache.loaders", "clipcache.html",
-               "clipcache.egg"}
+               "clipcache.egg", "clipcache.api_formats"}
 
 
 def mentions(pattern: re.Pattern) -> list[tuple[str, str]]:

@@ -38,10 +38,9 @@ def ours(root, cache, **probe):
     session = ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo), torch.device("cpu"), False,
                            "fp32")
     store = EmbeddingStore(cache)
-    val_split = probe.pop("val_split", None)
     scored = evaluate_one("linear_probe", session, DataSource("wds/probe", str(root)), store, memo,
-                          encode=EncodeSettings(32, 2, val_split=val_split),
-                          score=ScoreSettings(batch_size=32, val_split=val_split, **probe))
+                          encode=EncodeSettings(32, 2), score=ScoreSettings(batch_size=32),
+                          options={"batch_size": 32, **probe})
     return scored.metrics, store
 
 
@@ -167,7 +166,8 @@ def test_few_classes_have_no_acc5(tmp_path):
     torch.manual_seed(0)
     x = torch.nn.functional.normalize(torch.randn(60, 8), dim=1)
     y = torch.arange(60) % 3
-    metrics, weight_decay = linear_probe(x, y, x, y, ProbeSettings(epochs=3, batch_size=16))
+    metrics, weight_decay = linear_probe(x, y, x, y, ProbeSettings(lr=0.1, epochs=3, batch_size=16, fewshot_k=-1,
+                                                                   seed=0))
     assert math.isnan(metrics["lp_acc5"]) and weight_decay == 0.0 and 0 <= metrics["lp_acc1"] <= 1
 
 

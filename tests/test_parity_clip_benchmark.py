@@ -40,13 +40,15 @@ def clip_benchmark_metrics(model_dir, root, task, batch_size=16, recall_k=(1, 5,
     return zeroshot_classification.evaluate(model, loader, tokenizer, ds.classes, ds.templates, device, amp=False)
 
 
-def clipcache_scored(tmp_path, root, batch_size=16, recall_k=(1, 5, 10), num_workers=2, ties="topk", device="cpu"):
+def clipcache_scored(tmp_path, root, batch_size=16, recall_k=(1, 5, 10), num_workers=2, ties=None, device="cpu"):
     memo = FileHashMemo(None)
     resolved = resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo)
     session = ModelSession(resolved, torch.device(device), amp=False, precision="fp32")
     return evaluate_one(default_task("wds/fixture", str(root)), session, DataSource("wds/fixture", str(root)),
                         EmbeddingStore(tmp_path / f"cache-{device}"), memo,
-                        encode=EncodeSettings(batch_size, num_workers), score=ScoreSettings(recall_k=tuple(recall_k), batch_size=batch_size, ties=ties, device=device))
+                        encode=EncodeSettings(batch_size, num_workers),
+                        score=ScoreSettings(recall_k=tuple(recall_k), batch_size=batch_size, device=device),
+                        options={"ties": ties} if ties else None)
 
 
 def clipcache_metrics(tmp_path, root, batch_size=16, recall_k=(1, 5, 10), num_workers=2, device="cpu"):

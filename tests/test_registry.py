@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from clipcache.storage.errors import DatasetError
-from clipcache.tasks.datasets import DATASETS, catalog, check_name, open_dataset
-from clipcache.tasks.datasets.base import TASKS
+from clipcache.tasks.datasets import DATASETS, SOURCES, catalog, check_name, default_task, open_dataset
+from clipcache.tasks.datasets.base import DATASET_TASKS
+from clipcache.tasks.evaluation import TASKS
 from clipcache.tasks.models import LOADERS
 from clipcache.tasks.registry import Registry
 from clipcache.tasks.score.metrics import METRICS, flat_metric_name, split_metric_name
@@ -32,10 +33,39 @@ def test_registry_lazy_duplicates_and_suggestions():
 
 @pytest.mark.parametrize("name", DATASETS.names())
 def test_every_registered_dataset_loader_imports_and_declares_its_task(name):
-    """Built-in readers and installed plugins' (entry point group clipcache.datasets) alike."""
+    """Built-in readers and installed plugins' (entry point group clipcache.datasets) alike: the task a reader
+    declares is one an image dataset can serve."""
     from clipcache.tasks.datasets import get_reader, registered_task
 
-    assert callable(get_reader(name)) and registered_task(name) in TASKS
+    assert callable(get_reader(name)) and registered_task(name) in DATASET_TASKS
+
+
+@pytest.mark.parametrize("name", SOURCES.names())
+def test_every_dataset_source_imports_and_describes_itself(name):
+    from clipcache.tasks.datasets import get_source
+    from clipcache.tasks.datasets.source import DatasetSource
+
+    source = get_source(name)
+    assert isinstance(source, DatasetSource) and source.name == name and source.description
+    assert isinstance(source.priority, int) and set(source.only_for) <= set(TASKS)
+
+
+@pytest.mark.parametrize("name", sorted({*DATASETS.names(), *catalog(), "wds/anything"}))
+def test_every_dataset_name_is_claimed_and_its_task_is_a_registered_task(name, tmp_path):
+    """--task auto must land on a task the pipeline can run, with a root and without."""
+    for root in (None, str(tmp_path / "{dataset}")):
+        check_name(name, root)
+        assert default_task(name, root) in TASKS
+
+
+def test_every_original_layout_names_a_reader_and_a_registered_task():
+    from clipcache.tasks.datasets.layout_readers import READERS
+    from clipcache.tasks.datasets.layouts import describe, layouts, task_of
+
+    for name, entry in layouts().items():
+        assert entry["reader"] in READERS, name
+        check_name(name)
+        assert task_of(name) in TASKS and default_task(name, None) in TASKS and describe(name)
 
 
 @pytest.mark.parametrize("name", LOADERS.names())
@@ -51,7 +81,7 @@ def test_every_model_loader_imports_and_describes_itself(name):
 def test_catalog_has_the_43_benchmark_datasets_each_with_a_task():
     cat = catalog()
     assert len(cat) == 43
-    assert {row["task"] for row in cat.values()} <= set(TASKS)
+    assert {row["task"] for row in cat.values()} <= set(DATASET_TASKS)
     assert cat["muge"]["task"] == "zeroshot_retrieval" and cat["imagenet1k"]["task"] == "zeroshot_classification"
 
 

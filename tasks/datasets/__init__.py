@@ -1,17 +1,20 @@
-"""Dataset registry: a name (plus root/split/limit) to an indexed :class:`EvalDataset`.
+"""Datasets: a name (plus --dataset_root, split and limit) to indexed data, found through one lookup.
 
-- ``shapes`` / ``shapes_retrieval``: the bundled synthetic data (no files needed).
-- ``custom``: evalscope's ``image_queries.jsonl`` layout under ``dataset_root`` / ``data_dir``.
-- ``imagefolder`` / ``image_labels``: users' classification data (tasks/datasets/labelled.py).
-- ``sugar_crepe/<task>`` / ``winoground``: image-caption selection from their local copies (tasks/datasets/selection.py).
-- every name of clip_benchmark's builder that reads original files (cifar10, food101, imagenet1k, imagenet-a,
-  mscoco_captions, xtd10, ...): those files under ``dataset_root``, as the table ``layouts.json`` says
-  (tasks/datasets/layouts.py). A name that is also hosted (imagenet1k, flickr30k, ...) reads its original layout when
-  the root holds it, else webdataset shards.
-- ``wds/<name>``: the hosted webdataset layout under ``dataset_root`` (a directory or a template with ``{dataset}`` /
-  ``{dataset_cleaned}``, as in clip_benchmark).
-- any name from ``catalog.csv`` (the 43 CLIP-benchmark datasets): the same webdataset layout under ``dataset_root``.
-- readers other packages add with an entry point in the group ``clipcache.datasets`` (tasks/datasets/reader.py).
+Every place data can come from is a dataset source (tasks/datasets/source.py) in ``SOURCES``; ``check_name``,
+``default_task`` and ``open_dataset`` ask them in priority order and use the first that claims the name and root
+(tasks/datasets/sources.py lists them):
+
+- ``beir`` / ``any2any``: a ``--dataset_root`` holding corpus.jsonl and queries.jsonl, under any name (text and
+  any-to-any retrieval read it themselves; ``open_dataset`` opens image datasets and passes them by).
+- ``registered``: the readers in ``DATASETS``: ``shapes`` / ``shapes_retrieval`` (bundled), ``custom`` (evalscope's
+  ``image_queries.jsonl``), ``imagefolder`` / ``image_labels``, ``sugar_crepe/<task>`` / ``winoground``, and readers
+  other packages add with an entry point in the group ``clipcache.datasets`` (tasks/datasets/reader.py).
+- ``original``: every name of clip_benchmark's builder that reads original files (cifar10, food101, imagenet1k,
+  mscoco_captions, xtd10, ...), as the table ``layouts.json`` says (tasks/datasets/layouts.py). A name that is also
+  hosted (imagenet1k, flickr30k, ...) reads its original layout when the root holds it, else webdataset shards.
+- ``webdataset``: ``wds/<name>`` or a ``catalog.csv`` name with ``--dataset_root`` (a directory or a template with
+  ``{dataset}`` / ``{dataset_cleaned}``, as in clip_benchmark): the hosted webdataset layout there.
+- ``hosted``: a ``catalog.csv`` name (the 43 CLIP-benchmark datasets) without a root: downloaded, then read.
 """
 
 from __future__ import annotations
@@ -20,31 +23,40 @@ import csv
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from clipcache.storage.errors import ConfigError, DatasetError
-from clipcache.tasks.datasets.base import EvalDataset
+from clipcache.storage.errors import DatasetError
+from clipcache.tasks.datasets.source import WDS_PREFIX, DatasetRef, DatasetSource, OpenOptions, format_root
 from clipcache.tasks.registry import Registry
 
-Loader = Callable[[str, Path | None, str, int | None], EvalDataset]
+if TYPE_CHECKING:  # naming datasets must not import numpy (base) or any reader
+    from clipcache.tasks.datasets.base import EvalDataset
+
+    Loader = Callable[[str, Path | None, str, int | None], EvalDataset]
+
+__all__ = ["DATASETS", "SOURCES", "WDS_PREFIX", "DatasetRef", "DatasetSource", "OpenOptions", "catalog", "check_name",
+           "default_task", "format_root", "get_reader", "get_source", "known_names", "open_dataset", "original_names",
+           "registered_task", "sources_by_priority"]
+
 DATASETS: Registry[Loader] = Registry("dataset", DatasetError, entry_point_group="clipcache.datasets")
-DATASETS.register("shapes", "clipcache.tasks.datasets.loaders:shapes_classification")
-DATASETS.register("shapes_retrieval", "clipcache.tasks.datasets.loaders:shapes_retrieval")
-DATASETS.register("custom", "clipcache.tasks.datasets.loaders:custom")
-DATASETS.register("imagefolder", "clipcache.tasks.datasets.loaders:imagefolder")
-DATASETS.register("image_labels", "clipcache.tasks.datasets.loaders:image_labels")
-DATASETS.register("winoground", "clipcache.tasks.datasets.loaders:winoground")
+DATASETS.register("shapes", "clipcache.tasks.datasets.loaders:ShapesClassification")
+DATASETS.register("shapes_retrieval", "clipcache.tasks.datasets.loaders:ShapesRetrieval")
+DATASETS.register("custom", "clipcache.tasks.datasets.loaders:ImageQueries")
+DATASETS.register("imagefolder", "clipcache.tasks.datasets.loaders:ImageFolder")
+DATASETS.register("image_labels", "clipcache.tasks.datasets.loaders:ImageLabels")
+DATASETS.register("winoground", "clipcache.tasks.datasets.loaders:Winoground")
 SUGAR_CREPE = tuple(f"sugar_crepe/{task}" for task in ("add_att", "add_obj", "replace_att", "replace_obj",
                                                          "replace_rel", "swap_att", "swap_obj"))
 for _name in SUGAR_CREPE:
-    DATASETS.register(_name, "clipcache.tasks.datasets.loaders:sugar_crepe")
+    DATASETS.register(_name, "clipcache.tasks.datasets.loaders:SugarCrepe")
 
-# The task each registered (non-catalog) dataset serves.
-REGISTERED_TASKS = {"shapes": "zeroshot_classification", "shapes_retrieval": "zeroshot_retrieval",
-                    "custom": "zeroshot_retrieval", "imagefolder": "zeroshot_classification",
-                    "image_labels": "zeroshot_classification", "winoground": "image_caption_selection",
-                    **dict.fromkeys(SUGAR_CREPE, "image_caption_selection")}
-
-WDS_PREFIX = "wds/"
+SOURCES: Registry[DatasetSource] = Registry("dataset source", DatasetError)
+SOURCES.register("beir", "clipcache.tasks.datasets.sources:BeirFolders")
+SOURCES.register("any2any", "clipcache.tasks.datasets.sources:Any2AnyFolders")
+SOURCES.register("registered", "clipcache.tasks.datasets.sources:RegisteredReaders")
+SOURCES.register("original", "clipcache.tasks.datasets.sources:OriginalLayouts")
+SOURCES.register("webdataset", "clipcache.tasks.datasets.sources:WebdatasetFolders")
+SOURCES.register("hosted", "clipcache.tasks.datasets.sources:HostedCatalog")
 
 
 @cache
@@ -53,29 +65,20 @@ def catalog() -> dict[str, dict[str, str]]:
         return {row["name"]: row for row in csv.DictReader(f)}
 
 
-def format_root(template: str, dataset: str) -> Path:
-    """clip_benchmark's ``--dataset_root`` template: ``{dataset}`` and ``{dataset_cleaned}`` (``/`` -> ``-``)."""
-    try:
-        return Path(template.format(dataset=dataset, dataset_cleaned=dataset.replace("/", "-"))).expanduser()
-    except (KeyError, IndexError, ValueError) as e:
-        raise ConfigError(f"dataset_root: {template!r} is not a valid template "
-                          f"(placeholders: {{dataset}}, {{dataset_cleaned}})") from e
-
-
-def get_reader(name: str) -> Loader:
-    """The registered reader of ``name`` (a plugin's DatasetReader class is instantiated and checked)."""
+def get_reader(name: str) -> Any:
+    """The registered reader of ``name`` (a DatasetReader class is instantiated and checked)."""
     from clipcache.tasks.datasets.reader import as_reader
 
     return as_reader(name, DATASETS.get(name), DATASETS.origin(name))
 
 
 def registered_task(name: str) -> str:
-    """The task a registered dataset serves: the built-ins' from REGISTERED_TASKS, a plugin reader's own ``task``."""
-    task = REGISTERED_TASKS.get(name) or getattr(get_reader(name), "task", None)
+    """The task a registered dataset serves: its reader's ``task``."""
+    task = getattr(get_reader(name), "task", None)
     if task is None:
         raise DatasetError(f"dataset {name!r} ({DATASETS.origin(name)}) declares no task: a plugin's reader is a "
                            f"DatasetReader with task = 'zeroshot_classification' or 'zeroshot_retrieval'")
-    return task
+    return str(task)
 
 
 def original_names() -> list[str]:
@@ -85,94 +88,73 @@ def original_names() -> list[str]:
     return sorted(n for n in layouts() if n not in catalog())
 
 
+def get_source(name: str) -> DatasetSource:
+    """The registered source ``name``; the registry may hold a DatasetSource instance or its class."""
+    obj = SOURCES.get(name)
+    if isinstance(obj, type) and issubclass(obj, DatasetSource):
+        obj = obj()
+    if not isinstance(obj, DatasetSource):
+        raise DatasetError(f"dataset source {name!r} ({SOURCES.origin(name)}) is not a DatasetSource (got "
+                           f"{type(obj).__name__})")
+    return obj
+
+
+def sources_by_priority() -> list[DatasetSource]:
+    return sorted((get_source(name) for name in SOURCES.names()), key=lambda s: (s.priority, s.name))
+
+
+def _claimant(ref: DatasetRef, *, image_data: bool = False) -> DatasetSource | None:
+    """The first source, by priority, that claims ``ref`` (with ``image_data``, only sources of image datasets)."""
+    for source in sources_by_priority():
+        if not (image_data and source.only_for) and source.claims(ref):
+            return source
+    return None
+
+
 def known_names() -> list[str]:
-    return DATASETS.names() + sorted(set(catalog()) | set(original_names()))
+    return list(dict.fromkeys(name for source in sources_by_priority() for name in source.known_names()))
 
 
-def check_name(name: str, dataset_root: str | None = None) -> None:
-    """Raise a "Did you mean" error for a name that can never resolve (before any work starts). Any name of a BEIR
-    folder goes (text retrieval)."""
-    if name.startswith(WDS_PREFIX) or name in DATASETS or name in catalog() or name in original_names():
-        return
-    if dataset_root and default_task(name, dataset_root) == "text_retrieval":
-        return
+def _unknown(name: str) -> DatasetError:
     import difflib
 
     close = difflib.get_close_matches(name, known_names(), n=3, cutoff=0.6)
     hint = f" Did you mean: {', '.join(close)}?" if close else " Use wds/<name> with --dataset_root for a local " \
                                                                "webdataset folder, or custom with a data_dir."
-    raise DatasetError(f"Unknown dataset {name!r}.{hint}")
+    return DatasetError(f"Unknown dataset {name!r}.{hint}")
+
+
+def check_name(name: str, dataset_root: str | None = None) -> None:
+    """Raise a "Did you mean" error for a name no source claims (before any work starts). Any name of a BEIR folder
+    goes (text retrieval). A name some source claims without a root is known whatever the root: the root is read
+    only for names no source knows without one."""
+    if _claimant(DatasetRef(name)) is None and _claimant(DatasetRef(name, dataset_root)) is None:
+        raise _unknown(name)
 
 
 def default_task(name: str, dataset_root: str | None) -> str:
-    """The task a dataset is evaluated with under ``--task auto``, found without indexing it: the registry and the
-    catalog say, a BEIR folder is text retrieval, a webdataset folder says in dataset_type.txt."""
-    root = format_root(dataset_root, name[len(WDS_PREFIX):] if name.startswith(WDS_PREFIX) else name) \
-        if dataset_root else None
-    if root is not None and (root / "corpus.jsonl").is_file() and (root / "queries.jsonl").is_file():
-        return "text_retrieval"
-    if name in DATASETS:
-        return registered_task(name)
-    if name in original_names():
-        from clipcache.tasks.datasets.layouts import task_of
+    """The task a dataset is evaluated with under ``--task auto``, found without indexing it: its source's (a BEIR
+    folder is text retrieval, a reader declares its task, a webdataset folder says in dataset_type.txt, the catalog
+    and layouts.json say for their names)."""
+    from clipcache.tasks.datasets.sources import webdataset_task
 
-        return task_of(name)
-    if root is not None and (root / "dataset_type.txt").is_file():
-        kind = (root / "dataset_type.txt").read_text(encoding="utf-8").strip().lower()
-        return "zeroshot_retrieval" if kind == "retrieval" else "zeroshot_classification"
-    bare = name[len(WDS_PREFIX):] if name.startswith(WDS_PREFIX) else name
-    if bare in catalog():
-        return catalog()[bare]["task"]
-    return "zeroshot_classification"
+    ref = DatasetRef(name, dataset_root)
+    source = _claimant(ref)
+    return source.task(ref) if source is not None else webdataset_task(ref.root, ref.bare)
 
 
 def open_dataset(name: str, dataset_root: str | None, split: str, limit: int | None, *, hub: str = "huggingface",
-                 cache_dir: str | None = None, offline: bool = False, progress=None,
+                 cache_dir: str | None = None, offline: bool = False, progress: Any = None,
                  language: str = "en", annotation_file: str | None = None) -> EvalDataset:
-    """Index a dataset. Hosted names without ``dataset_root`` are fetched from ``hub`` into ``cache_dir`` first.
-    ``language`` reaches the readers that take it (files that differ by language, e.g. Flickr's ``_zh`` captions);
-    ``annotation_file`` replaces a caption dataset's default annotation file (clip_benchmark's --annotation_file)."""
-    check_name(name)
-    if name in DATASETS:
-        import inspect
-
-        root = format_root(dataset_root, name) if dataset_root else None
-        reader = get_reader(name)
-        takes_language = "language" in inspect.signature(reader).parameters
-        return reader(name, root, split, limit, **({"language": language} if takes_language else {}))
-    from clipcache.tasks.datasets.wds import load_webdataset
-
-    bare = name[len(WDS_PREFIX):] if name.startswith(WDS_PREFIX) else name
-    if name in original_names() and not dataset_root:
-        from clipcache.tasks.datasets.layouts import layouts
-
-        entry = layouts()[name]
-        raise DatasetError(f"dataset {name!r} needs --dataset_root: the folder holding {entry['folder']} (files: "
-                           f"{entry['source']})")
-    if dataset_root:
-        root = format_root(dataset_root, bare)
-        if name == bare:  # a name of clip_benchmark's builder: its original layout when the root holds it
-            from clipcache.tasks.datasets.layouts import layouts, open_original, present
-
-            if name in layouts() and (name in original_names() or present(name, root, split)):
-                return open_original(name, root, split, limit, language=language, annotation_file=annotation_file)
-            if name in layouts():
-                if annotation_file:
-                    entry = layouts()[name]
-                    raise DatasetError(f"dataset {name!r}: --annotation_file replaces the caption file of "
-                                       f"clip_benchmark's original layout, which is not under {root} "
-                                       f"({entry['folder']}); a webdataset copy has its captions inside")
-                try:
-                    return load_webdataset(name, root, split, limit)
-                except DatasetError as e:
-                    entry = layouts()[name]
-                    raise DatasetError(f"{e}; nor is clip_benchmark's original layout there: "
-                                       f"{entry['folder']} (files: {entry['source']})") from e
-        return load_webdataset(name, root, split, limit)
-    if cache_dir is None:
-        raise DatasetError(f"dataset {name!r} needs --dataset_root (a local folder in the clip_benchmark webdataset "
-                           f"layout) or a cache_dir to download it into")
-    from clipcache.tasks.datasets.download import fetch_dataset
-
-    root = fetch_dataset(name, split, hub, cache_dir, offline=offline, progress=progress)
-    return load_webdataset(name, root, split, limit)
+    """Index an image dataset from the first source that claims it. Hosted names without ``dataset_root`` are fetched
+    from ``hub`` into ``cache_dir`` first. ``language`` reaches the readers that take it (files that differ by
+    language, e.g. Flickr's ``_zh`` captions); ``annotation_file`` replaces a caption dataset's default annotation file
+    (clip_benchmark's --annotation_file)."""
+    ref = DatasetRef(name, dataset_root)
+    source = _claimant(ref, image_data=True)
+    if source is None:
+        raise _unknown(name)
+    options = OpenOptions(hub=hub, cache_dir=cache_dir, offline=offline, progress=progress, language=language,
+                          annotation_file=annotation_file)
+    dataset: EvalDataset = source.open(ref, split, limit, options)
+    return dataset

@@ -22,7 +22,9 @@ from clipcache.storage.errors import ConfigError, DatasetError
 from clipcache.storage.hashing import FileHashMemo
 
 Task = Literal["zeroshot_classification", "zeroshot_retrieval", "image_caption_selection"]
-TASKS: tuple[Task, ...] = ("zeroshot_classification", "zeroshot_retrieval", "image_caption_selection")
+# The tasks an image dataset can declare (a DatasetReader's ``task``); the registry of evaluation tasks is
+# clipcache.tasks.evaluation.TASKS.
+DATASET_TASKS: tuple[Task, ...] = ("zeroshot_classification", "zeroshot_retrieval", "image_caption_selection")
 
 
 def read_text_list(path: str | Path, what: str, dataset: str | None = None) -> list[str] | None:

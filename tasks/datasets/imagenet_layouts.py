@@ -31,7 +31,7 @@ def has_wnid_folders(folder: Path) -> bool:
     return Path(folder).is_dir() and any(p.is_dir() and p.name in known for p in Path(folder).iterdir())
 
 
-def load_wnid_folder(name: str, folder: Path, split: str, limit: int | None, subset: list[str] | None,
+def load_wnid_folder(name: str, folder: Path, split: str, limit: int | None, *, subset: list[str] | None,
                      prompts: ClassPrompts, layout: str = "wnid-folder") -> FolderImages:
     """Class folders named by WordNet id (``<folder>/<wnid>/...``), in ImageFolder's order; a folder's label is its
     id's index among ``subset`` (the 200 of imagenet-a/-r/-o) or the 1,000, so a copy with some class folders
@@ -75,7 +75,7 @@ def load_imagenet_folder(name: str, root: Path, split: str, limit: int | None) -
     folder = Path(root) / ("train" if split == "train" else "val")
     en = imagenet_prompts()["en"]
     prompts = ClassPrompts(list(en["classnames"]), list(en["templates"]), "en", str(folder))
-    return load_wnid_folder(name, folder, split, limit, None, prompts, layout="imagenet-folder")
+    return load_wnid_folder(name, folder, split, limit, subset=None, prompts=prompts, layout="imagenet-folder")
 
 
 def load_imagenetv2(name: str, root: Path, split: str, limit: int | None, prompts: ClassPrompts) -> FolderImages:

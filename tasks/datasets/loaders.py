@@ -1,31 +1,17 @@
-"""Registry entry points (kept tiny; each module holds its format)."""
+"""The built-in dataset readers registered by name in ``DATASETS`` (kept tiny; each module holds its format). Each is
+a :class:`DatasetReader` that declares its task, as a plugin's reader does, so ``--task auto`` knows it before the
+data is read."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from clipcache.storage.errors import DatasetError
-from clipcache.tasks.datasets.base import EvalDataset
+from clipcache.tasks.datasets.reader import DatasetReader
 
-
-def shapes_classification(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-    from clipcache.tasks.datasets.shapes import load_shapes
-
-    return load_shapes(name, "zeroshot_classification", split, limit)
-
-
-def shapes_retrieval(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-    from clipcache.tasks.datasets.shapes import load_shapes
-
-    return load_shapes(name, "zeroshot_retrieval", split, limit)
-
-
-def custom(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-    from clipcache.tasks.datasets.custom import load_image_queries
-
-    if root is None:
-        raise DatasetError("dataset 'custom' needs data_dir (or --dataset_root): the folder holding image_queries.jsonl")
-    return load_image_queries(name, root, split, limit)
+if TYPE_CHECKING:
+    from clipcache.tasks.datasets.base import EvalDataset
 
 
 def _root(name: str, root: Path | None) -> Path:
@@ -34,26 +20,74 @@ def _root(name: str, root: Path | None) -> Path:
     return root
 
 
-def imagefolder(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-    from clipcache.tasks.datasets.labelled import load_imagefolder
+class ShapesClassification(DatasetReader):
+    task = "zeroshot_classification"
+    description = "bundled: 30 generated shape classes"
 
-    return load_imagefolder(name, _root(name, root), split, limit)
+    def read(self, name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+        from clipcache.tasks.datasets.shapes import load_shapes
 
-
-def image_labels(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-    from clipcache.tasks.datasets.labelled import load_image_labels
-
-    return load_image_labels(name, _root(name, root), split, limit)
+        return load_shapes(name, "zeroshot_classification", split, limit)
 
 
-def sugar_crepe(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-    from clipcache.tasks.datasets.selection import load_sugar_crepe
+class ShapesRetrieval(DatasetReader):
+    task = "zeroshot_retrieval"
+    description = "bundled: generated shapes with captions"
 
-    return load_sugar_crepe(name, _root(name, root), split, limit)
+    def read(self, name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+        from clipcache.tasks.datasets.shapes import load_shapes
+
+        return load_shapes(name, "zeroshot_retrieval", split, limit)
 
 
-def winoground(name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-    from clipcache.tasks.datasets.selection import load_winoground
+class ImageQueries(DatasetReader):
+    task = "zeroshot_retrieval"
+    description = "evalscope's image_queries.jsonl"
 
-    return load_winoground(name, _root(name, root), split, limit)
+    def read(self, name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+        from clipcache.tasks.datasets.custom import load_image_queries
 
+        if root is None:
+            raise DatasetError("dataset 'custom' needs data_dir (or --dataset_root): the folder holding "
+                               "image_queries.jsonl")
+        return load_image_queries(name, root, split, limit)
+
+
+class ImageFolder(DatasetReader):
+    task = "zeroshot_classification"
+    description = "your <class>/<image> folders"
+
+    def read(self, name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+        from clipcache.tasks.datasets.labelled import load_imagefolder
+
+        return load_imagefolder(name, _root(name, root), split, limit)
+
+
+class ImageLabels(DatasetReader):
+    task = "zeroshot_classification"
+    description = "your image_labels.csv or .jsonl + classnames.txt"
+
+    def read(self, name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+        from clipcache.tasks.datasets.labelled import load_image_labels
+
+        return load_image_labels(name, _root(name, root), split, limit)
+
+
+class SugarCrepe(DatasetReader):
+    task = "image_caption_selection"
+    description = "SugarCrepe: val2017/ + <task>.json (clip_benchmark's layout)"
+
+    def read(self, name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+        from clipcache.tasks.datasets.selection import load_sugar_crepe
+
+        return load_sugar_crepe(name, _root(name, root), split, limit)
+
+
+class Winoground(DatasetReader):
+    task = "image_caption_selection"
+    description = "the datasets cache of facebook/winoground, or its Parquet files"
+
+    def read(self, name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+        from clipcache.tasks.datasets.selection import load_winoground
+
+        return load_winoground(name, _root(name, root), split, limit)

@@ -1,8 +1,8 @@
 """What a dataset reader is, for readers that other packages add (entry point group ``clipcache.datasets``).
 
-A reader turns (name, root folder, split, limit) into an indexed :class:`EvalDataset`. The built-in readers are plain
-functions registered in ``DATASETS`` with their task in ``REGISTERED_TASKS``; a plugin's reader is a
-:class:`DatasetReader`, which carries its task itself, so ``--task auto`` knows it before indexing anything::
+A reader turns (name, root folder, split, limit) into an indexed :class:`EvalDataset`. Readers are registered by
+name in ``DATASETS`` (the built-in ones in tasks/datasets/loaders.py, plugins' through the entry point group); a
+:class:`DatasetReader` carries its task itself, so ``--task auto`` knows it before indexing anything::
 
     # my_pkg/reader.py                         # pyproject.toml
     class CsvCaptions(DatasetReader):          # [project.entry-points."clipcache.datasets"]
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from clipcache.storage.errors import DatasetError
-from clipcache.tasks.datasets.base import TASKS, EvalDataset, Task
+from clipcache.tasks.datasets.base import DATASET_TASKS, EvalDataset, Task
 
 
 class DatasetReader(ABC):
@@ -43,11 +43,12 @@ class DatasetReader(ABC):
 
 def as_reader(name: str, obj: Any, origin: str) -> Any:
     """A registry entry as a callable reader: a DatasetReader class is instantiated; anything else must be callable
-    (the built-in functions) or it is a DatasetError naming the entry point."""
+    (a function with a ``task`` attribute) or it is a DatasetError naming the entry point."""
     if isinstance(obj, type) and issubclass(obj, DatasetReader):
         obj = obj()
-    if isinstance(obj, DatasetReader) and getattr(obj, "task", None) not in TASKS:
-        raise DatasetError(f"dataset {name!r} ({origin}): its reader must declare task = one of {', '.join(TASKS)}")
+    if isinstance(obj, DatasetReader) and getattr(obj, "task", None) not in DATASET_TASKS:
+        raise DatasetError(f"dataset {name!r} ({origin}): its reader must declare task = one of "
+                           f"{', '.join(DATASET_TASKS)}")
     if not callable(obj):
         raise DatasetError(f"dataset {name!r} ({origin}) is not a dataset reader (got {type(obj).__name__}); an "
                            f"entry point in clipcache.datasets must name a DatasetReader instance or subclass")

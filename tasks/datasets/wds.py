@@ -144,7 +144,7 @@ def load_webdataset(name: str, root: Path, split: str, limit: int | None) -> Web
             break
         if not shard.exists():
             raise DatasetError(f"dataset {name!r}: shard {shard} is missing ({nshards_path} says {nshards} shards)")
-        _index_shard(ds, shard_id, shard, label_ext, labels, captions, limit)
+        _index_shard(ds, shard_id, shard, label_ext, labels=labels, captions=captions, limit=limit)
     if not ds.members:
         raise DatasetError(f"dataset {name!r}: {root / split} has no samples")
     if kind == "retrieval":
@@ -156,7 +156,7 @@ def load_webdataset(name: str, root: Path, split: str, limit: int | None) -> Web
     return ds
 
 
-def _index_shard(ds: WebDataset, shard_id: int, shard: Path, label_ext: str, labels: list, captions: list,
+def _index_shard(ds: WebDataset, shard_id: int, shard: Path, label_ext: str, *, labels: list, captions: list,
                  limit: int | None) -> None:
     samples: dict[str, dict[str, Any]] = {}
     order: list[str] = []

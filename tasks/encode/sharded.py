@@ -33,9 +33,9 @@ from clipcache.storage.errors import DatasetError, ModelError
 from clipcache.storage.hashing import FileHashMemo, canonical_json
 from clipcache.storage.paths import AnyPath, rmtree
 from clipcache.storage.zarr_io import member, open_group
+from clipcache.tasks.contract import DataSource, EncodeSettings
 from clipcache.tasks.datasets.base import EvalDataset
 from clipcache.tasks.encode.stage import ModelSession, distinct_captions, iter_image_batches
-from clipcache.tasks.evaluation.base import DataSource
 from clipcache.tasks.models.loader import ResolvedModel
 
 log = logging.getLogger("clipcache.encode")
@@ -75,8 +75,11 @@ class WorkerModel:
     model_cache_dir: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ShardJob:
+    """Rows ``[lo, hi)`` of the entry ``key`` (``role``) in the store at ``store_root``: what a worker needs to
+    encode them on its own."""
+
     store_root: str
     key: str
     role: Literal["image", "caption"]
@@ -85,9 +88,7 @@ class ShardJob:
     source: DataSource
     identity: dict[str, Any]  # the coordinator's dataset identity: the worker must find the same data
     model: WorkerModel
-    batch_size: int
-    num_workers: int
-    on_bad_image: str
+    settings: EncodeSettings  # batch size, decoding threads, what a bad image does (no task options)
 
 
 @dataclass(frozen=True)
@@ -172,9 +173,9 @@ def encode_shard(job: ShardJob) -> ShardDone:
     if job.role == "image":
         # rows of skipped images stay zero here; publish_sharded drops them (a shard may even skip every image)
         out = np.zeros((job.hi - job.lo, member(group, "embeddings").shape[1]), dtype=np.float32)
-        for batch in iter_image_batches(dataset, model.image_transform, job.lo, job.batch_size, job.num_workers,
-                                        stop=job.hi):
-            if batch.errors and job.on_bad_image == "error":
+        for batch in iter_image_batches(dataset, model.image_transform, job.lo, job.settings.batch_size,
+                                        job.settings.num_workers, stop=job.hi):
+            if batch.errors and job.settings.on_bad_image == "error":
                 raise DatasetError(f"{batch.errors[0][1]} (use --on_bad_image skip to skip such images)")
             for index, message in batch.errors:
                 log.warning("skipping: %s", message)
@@ -183,8 +184,9 @@ def encode_shard(job: ShardJob) -> ShardDone:
                 out[batch.indices - job.lo] = model.encode_images(batch.pixels)
     else:
         texts = distinct_captions(dataset)[0][job.lo : job.hi]
-        out = np.concatenate([model.encode_texts(texts[i : i + job.batch_size])
-                              for i in range(0, len(texts), job.batch_size)]).astype(np.float32, copy=False)
+        batch_size = job.settings.batch_size
+        out = np.concatenate([model.encode_texts(texts[i : i + batch_size])
+                              for i in range(0, len(texts), batch_size)]).astype(np.float32, copy=False)
     member(group, "embeddings")[job.lo : job.hi] = out
     atomic_write_json(marker, {"lo": job.lo, "hi": job.hi, "skipped": skipped})
     return ShardDone(job.lo, job.hi, job.hi - job.lo - len(skipped), tuple(skipped))

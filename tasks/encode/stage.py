@@ -22,8 +22,8 @@ from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import digest
 from clipcache.storage.text_pool import PoolLookup, TextPool, text_sha256
+from clipcache.tasks.contract import CacheMissError, EncodeSettings
 from clipcache.tasks.datasets.base import EvalDataset
-from clipcache.tasks.evaluation.base import CacheMissError, EncodeSettings
 from clipcache.tasks.models.base import EmbeddingModel
 from clipcache.tasks.models.loader import ResolvedModel
 from clipcache.tasks.models.resolve import load_model
@@ -54,6 +54,12 @@ class ModelSession:
             log.info("loaded model %s on %s (%s)", self.resolved.display_name, self.device, self.precision)
             self.loads += 1
         return self._model
+
+    def close(self, report: bool = True) -> None:
+        """The run is over: let a loaded model release what it holds (an API model prints its cost line)."""
+        if self._model is not None:
+            self._model.close(report)
+            self._model = None
 
 
 @dataclass(frozen=True)
@@ -227,7 +233,10 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
                     if keep.any():
                         indices = batch.indices[keep]
                         extra = {"target": labels[indices]} if labels is not None and "target" in aux else {}
-                        writer.add(model.encode_images(batch.pixels)[keep], indices, **extra)
+                        # a batch-invariant model (an API) is asked only for rows not yet committed
+                        vectors = (model.encode_images(batch.pixels[torch.from_numpy(keep)]) if model.batch_invariant
+                                   else model.encode_images(batch.pixels)[keep])
+                        writer.add(vectors, indices, **extra)
                         encoded += len(indices)
                 advance(int((batch.indices >= start).sum()) + len(errors))
         if writer.dim is None:
@@ -259,7 +268,9 @@ def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore,
             for lo in range((start // batch_size) * batch_size, len(texts), batch_size):
                 hi = min(lo + batch_size, len(texts))
                 first = max(start, lo)  # same batches as an uninterrupted run; committed rows are dropped
-                writer.add(model.encode_texts(texts[lo:hi])[first - lo:], np.arange(first, hi, dtype=np.int64),
+                vectors = (model.encode_texts(texts[first:hi]) if model.batch_invariant  # an API: only what is missing
+                           else model.encode_texts(texts[lo:hi])[first - lo:])
+                writer.add(vectors, np.arange(first, hi, dtype=np.int64),
                            **{name: v[first:hi] for name, v in aux_values.items()})
                 advance(hi - first)
         ref = writer.finish(meta={"model": session.resolved.display_name, **(meta or {})}, extra_arrays=extra_arrays)

@@ -6,6 +6,8 @@ task runs through the same flow path (prepare, encode, score, write). See tasks/
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from clipcache.storage.errors import ConfigError
@@ -16,6 +18,7 @@ from clipcache.tasks.evaluation.base import (
     PromptSettings,
     Scored,
     ScoreSettings,
+    TaskOptions,
 )
 from clipcache.tasks.registry import Registry
 
@@ -60,12 +63,19 @@ def dbt_vars() -> dict[str, Any]:
 
 def evaluate_one(task: str, session: Any, source: DataSource, store: EmbeddingStore, memo: FileHashMemo, *,
                  encode: EncodeSettings | None = None, score: ScoreSettings | None = None,
-                 prompts: PromptSettings | None = None, progress: StageProgress | None = None) -> Scored:
+                 prompts: PromptSettings | None = None, options: TaskOptions | Mapping[str, Any] | None = None,
+                 progress: StageProgress | None = None) -> Scored:
     """One task on one dataset with one model session, without a flow: prepare, encode what is missing, score.
-    (What the pipeline does per pair, minus results files; for scripts, benchmarks and tests.)"""
+    (What the pipeline does per pair, minus results files; for scripts, benchmarks and tests.) ``options``: the
+    task's options, as its ``Options`` model or a mapping of its fields (default: the settings' own, else the
+    model's defaults)."""
     from clipcache.tasks.progress import StageProgress
 
     chosen = get_task(task)
+    if options is not None:
+        given = options if isinstance(options, TaskOptions) else chosen.Options.model_validate(dict(options))
+        encode = replace(encode or EncodeSettings(), options=given)
+        score = replace(score or ScoreSettings(), options=given)
     progress = progress or StageProgress(enabled=False)
     prepared = chosen.prepare(source, prompts or PromptSettings(), progress)
     encoded = chosen.encode(session, prepared, store, memo, encode or EncodeSettings(), progress)

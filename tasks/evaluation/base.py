@@ -1,8 +1,10 @@
-"""What an evaluation task is, and the typed requests the flow hands it.
+"""What an evaluation task is. The typed requests the flow hands it live in ``clipcache.tasks.contract``, below the
+stages, and are re-exported here.
 
 A task (zero-shot classification, zero-shot retrieval, text retrieval, ...) declares what it reads from the cache
-(``needs``: the roles of the entries it encodes) and the settings that change its numbers (``option_defaults``), and
-implements three steps the flow runs for every (model, dataset, language):
+(``needs``: the roles of the entries it encodes) and the settings that change its numbers (``Options``, a pydantic
+model: each default is written there once), and implements three steps the flow runs for every (model, dataset,
+language):
 
 - ``prepare``: open and index the data (cheap; no image is decoded), pick the prompts, check the data fits the task;
 - ``encode``: make sure every entry it needs is in the cache (encoding only what is missing; with ``cached_only`` a
@@ -16,120 +18,30 @@ group ``clipcache.tasks``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from clipcache.storage.errors import ClipcacheError
+from clipcache.tasks.contract import (
+    CacheMissError,
+    DataSource,
+    Encoded,
+    EncodeSettings,
+    Prepared,
+    PromptSettings,
+    Scored,
+    ScoreSettings,
+    SeededOptions,
+    TaskOptions,
+)
+
+# The shared types live in clipcache.tasks.contract (below the stages); they are re-exported here for the code,
+# docs and plugins that import them from this module.
+__all__ = ["CacheMissError", "DataSource", "EncodeSettings", "Encoded", "EvalTask", "Prepared", "PromptSettings",
+           "ScoreSettings", "Scored", "SeededOptions", "TaskOptions", "data_kind"]
 
 if TYPE_CHECKING:  # naming tasks and validating parameters must not import zarr, numpy or rich
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
     from clipcache.tasks.progress import StageProgress
-
-
-class CacheMissError(ClipcacheError):
-    """``rescore`` needs embeddings that are not in the cache."""
-
-    def __init__(self, missing: list[str]):
-        self.missing = missing
-        super().__init__("not in the cache: " + "; ".join(missing))
-
-
-@dataclass(frozen=True)
-class DataSource:
-    """Where a dataset comes from: everything needed to open it, here or on a worker."""
-
-    name: str
-    root: str | None = None  # --dataset_root (a folder or a template with {dataset} / {dataset_cleaned})
-    split: str = "test"
-    limit: int | None = None
-    hub: str = "huggingface"
-    data_dir: str | None = None  # local folder that hub downloads go to
-    offline: bool = False
-    language: str = "en"  # readers whose files differ by language (flickr30k_test_zh.txt) read that language's
-    annotation_file: str | None = None  # a caption dataset's annotation file in place of its default one
-
-    def open(self, progress: StageProgress | None = None) -> Any:
-        from clipcache.tasks.datasets import open_dataset
-
-        return open_dataset(self.name, self.root, self.split, self.limit, hub=self.hub, cache_dir=self.data_dir,
-                            offline=self.offline, progress=progress, language=self.language,
-                            annotation_file=self.annotation_file)
-
-
-@dataclass(frozen=True)
-class EncodeSettings:
-    batch_size: int = 64
-    num_workers: int = 2
-    on_bad_image: str = "error"
-    cached_only: bool = False  # rescore: everything but never-seen class prompts must come from the cache
-    train_split: str = "train"  # linear_probe: the split it learns from ...
-    val_split: str | None = None  # ... and the one it picks its weight decay on
-
-
-@dataclass(frozen=True)
-class ScoreSettings:
-    recall_k: tuple[int, ...] = (1, 5, 10)
-    retrieval_metrics: tuple[str, ...] = ("recall",)
-    ties: str = "topk"  # topk: what torch.topk keeps (clip_benchmark's numbers); stable: lowest index wins
-    device: str = "cpu"
-    batch_size: int = 64  # clip_benchmark computes logits per data-loader batch: same blocks, same bits
-    # linear_probe (clip_benchmark's flags of the same names)
-    train_split: str = "train"
-    val_split: str | None = None
-    val_proportion: float | None = None
-    fewshot_k: int = -1
-    fewshot_lr: float = 0.1
-    fewshot_epochs: int = 10
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class PromptSettings:
-    language: str = "en"
-    classnames: str | None = None  # files replacing the dataset's (a what-if)
-    templates: str | None = None
-
-
-@dataclass
-class Prepared:
-    """A dataset opened for one task, with what identifies it in results."""
-
-    data: Any
-    n_samples: int
-    source: DataSource
-    prompts: Any = None  # ClassPrompts for tasks that use them
-    default_prompts: bool = True
-    prompts_sha256: str | None = None
-
-
-@dataclass
-class Encoded:
-    """References to the cache entries one evaluation needs (small; no arrays)."""
-
-    outcomes: dict[str, Any] = field(default_factory=dict)  # role -> EncodeOutcome / PromptOutcome
-    info: dict[str, Any] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    @property
-    def cache_hit(self) -> bool:
-        return all(o.cache_hit for o in self.outcomes.values())
-
-    @property
-    def resumed(self) -> bool:
-        return any(getattr(o, "resumed", False) for o in self.outcomes.values())
-
-    @property
-    def cache_keys(self) -> list[str]:
-        return [key for o in self.outcomes.values() for key in o.keys]
-
-
-@dataclass
-class Scored:
-    metrics: dict[str, float]
-    n_samples: int
-    tied: dict[str, int] = field(default_factory=dict)  # flat metric name -> tie-sensitive queries
-    seconds: float = 0.0
 
 
 def data_kind(role: str, dataset_format: str, arrays: tuple[str, ...]) -> str:
@@ -154,7 +66,9 @@ class EvalTask(ABC):
     # the kinds of data its entries come from: classification, retrieval, selection, text, any2any (see data_kind)
     reads: ClassVar[tuple[str, ...]] = ()
     uses_prompts: ClassVar[bool] = False
-    option_defaults: ClassVar[dict[str, Any]] = {}
+    # The settings that change its numbers (a subclass declares its own model; see TaskOptions). Flags, validation,
+    # the experiment's options and the rescore hint derive from it.
+    Options: ClassVar[type[TaskOptions]] = TaskOptions
     # The leaderboard's headline number: (metric, k, label, priority); the rows of the lowest priority present are
     # averaged (e.g. retrieval: image and text recall@5).
     main_metrics: ClassVar[tuple[tuple[str, int | None, str, int], ...]] = ()
@@ -163,10 +77,15 @@ class EvalTask(ABC):
         """Whether an entry of ``role`` encoded from data of ``kind`` is one this task reads."""
         return role in self.needs and kind in self.reads
 
-    def options(self, settings: ScoreSettings) -> dict[str, Any]:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "option_defaults" in cls.__dict__:  # ignoring it would drop the options from the experiment's identity
+            raise TypeError(f"{cls.__qualname__}.option_defaults: declare the options as a pydantic model instead "
+                            f"(class Options(TaskOptions), see clipcache.tasks.contract)")
+
+    def options(self, settings: EncodeSettings | ScoreSettings) -> dict[str, Any]:
         """The settings that change this task's numbers and differ from their defaults (part of the experiment)."""
-        values = {name: getattr(settings, name) for name in self.option_defaults}
-        return {k: v for k, v in values.items() if v != self.option_defaults[k]}
+        return self.Options.of(settings).changed()
 
     @abstractmethod
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared: ...

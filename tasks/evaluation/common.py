@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clipcache.storage.errors import ConfigError, DatasetError
-from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset
-from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, PromptSettings
-from clipcache.tasks.progress import StageProgress
+from clipcache.tasks.contract import DataSource, Encoded, EncodeSettings, PromptSettings
+
+if TYPE_CHECKING:  # the tasks' Options are read when parameters are validated: no numpy or rich here
+    from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset
+    from clipcache.tasks.progress import StageProgress
 
 KIND = {"zeroshot_classification": "a classification", "zeroshot_retrieval": "an image-text retrieval",
         "image_caption_selection": "an image-caption selection"}
@@ -31,7 +33,7 @@ def open_single_label(task: str, source: DataSource, progress: StageProgress) ->
 
 
 def encode_split_images(session: Any, dataset: EvalDataset, store: Any, memo: Any, settings: EncodeSettings,
-                        progress: StageProgress, limit: int | None, sharded: Any = None) -> Any:
+                        progress: StageProgress, *, limit: int | None, sharded: Any = None) -> Any:
     """The image entry of ``dataset`` (one split): from ``sharded`` workers, the cache, or encoded now; with
     ``cached_only`` a missing entry is a CacheMissError. Every task that reads images shares these entries."""
     from clipcache.tasks.encode.stage import check_cached, encode_images, image_key_fields
@@ -64,7 +66,7 @@ def class_prompts(dataset: EvalDataset, settings: PromptSettings) -> tuple[Class
 
 
 def encode_images_and_captions(session: Any, prepared: Any, store: Any, memo: Any, settings: EncodeSettings,
-                               progress: StageProgress, sharded: dict[str, Any] | None = None) -> Any:
+                               progress: StageProgress, *, sharded: dict[str, Any] | None = None) -> Any:
     """The image and caption entries of an image-text dataset (zero-shot retrieval, image-caption selection): from
     ``sharded`` workers, the cache, or encoded now; with ``cached_only`` every missing one is named at once."""
     import time
@@ -76,7 +78,6 @@ def encode_images_and_captions(session: Any, prepared: Any, store: Any, memo: An
         encode_images,
         image_key_fields,
     )
-    from clipcache.tasks.evaluation.base import Encoded
 
     started = time.perf_counter()
     dataset, sharded = prepared.data, sharded or {}

@@ -51,7 +51,7 @@ class ImageCaptionSelection(EvalTask):
     def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
                settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
-        return encode_images_and_captions(session, prepared, store, memo, settings, progress, sharded)
+        return encode_images_and_captions(session, prepared, store, memo, settings, progress, sharded=sharded)
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         from clipcache.tasks.score.stage import score_selection

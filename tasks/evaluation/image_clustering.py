@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from clipcache.storage.errors import DatasetError
+from clipcache.tasks.contract import SeededOptions
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
@@ -40,8 +41,10 @@ class ImageClustering(EvalTask):
     description = "image_clustering_nmi, image_clustering_ari of k-means over cached image embeddings"
     needs = ("image",)
     reads = ("classification",)
-    option_defaults = {"seed": 0}
     main_metrics = (("image_clustering_nmi", None, "image_clustering_nmi", 1),)
+
+    class Options(SeededOptions):
+        """``seed``: k-means' random_state."""
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
         dataset = open_single_label(self.name, source, progress)
@@ -51,8 +54,8 @@ class ImageClustering(EvalTask):
                settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
         started = time.perf_counter()
-        images = encode_split_images(session, prepared.data, store, memo, settings, progress, prepared.source.limit,
-                                     (sharded or {}).get("image"))
+        images = encode_split_images(session, prepared.data, store, memo, settings, progress,
+                                     limit=prepared.source.limit, sharded=(sharded or {}).get("image"))
         return Encoded({"image": images}, seconds=time.perf_counter() - started)
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
@@ -70,7 +73,8 @@ class ImageClustering(EvalTask):
         if n_clusters < 2 or len(labels) <= n_clusters:
             raise DatasetError(f"dataset {prepared.source.name!r}: clustering needs at least 2 classes and more "
                                f"images than classes ({len(labels)} images, {n_clusters} classes)")
-        clusters = KMeans(n_clusters=n_clusters, n_init=10, random_state=settings.seed).fit_predict(embeddings)
+        seed = self.Options.of(settings).seed
+        clusters = KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit_predict(embeddings)
         metrics = {"image_clustering_nmi": float(normalized_mutual_info_score(labels, clusters)),
                    "image_clustering_ari": float(adjusted_rand_score(labels, clusters))}
         return Scored(metrics, len(labels), seconds=time.perf_counter() - started)

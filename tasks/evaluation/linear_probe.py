@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
+from pydantic import Field, PositiveInt, field_validator, model_validator
+
+from clipcache.tasks.contract import BATCH_SIZE, SeededOptions
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
@@ -36,9 +39,36 @@ class LinearProbe(EvalTask):
     description = "lp_acc1, lp_acc5, lp_mean_per_class_recall of a linear layer trained on cached train features"
     needs = ("image",)
     reads = ("classification",)
-    option_defaults = {"train_split": "train", "val_split": None, "val_proportion": None, "fewshot_k": -1,
-                       "fewshot_lr": 0.1, "fewshot_epochs": 10, "seed": 0, "batch_size": 64}  # batches shape training
     main_metrics = (("lp_acc", 1, "lp_acc1", 1),)
+
+    class Options(SeededOptions):
+        """clip_benchmark's flags of the same names, with its defaults. ``seed`` seeds the layer's initialisation,
+        the batch order, the few-shot pick and the val_proportion split."""
+
+        encode_fields: ClassVar[tuple[str, ...]] = ("train_split", "val_split")
+
+        train_split: str = Field("train", description="the split the probe learns from")
+        val_split: str | None = Field(None, description="a split to choose the weight decay on (clip_benchmark's "
+                                                        "sweep); exclusive with val_proportion")
+        val_proportion: float | None = Field(None, gt=0, lt=1, description="the share of the train split held out "
+                                                                            "to choose the weight decay")
+        fewshot_k: int = Field(-1, ge=-1, description="training samples per class (-1: all, else >= 1)")
+        fewshot_lr: float = Field(0.1, gt=0, description="learning rate (AdamW, cosine schedule)")
+        fewshot_epochs: PositiveInt = Field(10, description="epochs")
+        batch_size: PositiveInt = Field(BATCH_SIZE, description="training batch size (the run's --batch_size)")
+
+        @field_validator("fewshot_k")
+        @classmethod
+        def _all_or_some(cls, value: int) -> int:
+            if value == 0:
+                raise ValueError("0 samples per class trains nothing: give -1 (all) or a number >= 1")
+            return value
+
+        @model_validator(mode="after")
+        def _one_validation_source(self) -> Self:
+            if self.val_split is not None and self.val_proportion is not None:
+                raise ValueError("val_split and val_proportion: give one of them (as clip_benchmark)")
+            return self
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
         test = open_single_label(self.name, source, progress)
@@ -48,12 +78,13 @@ class LinearProbe(EvalTask):
                settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
         started = time.perf_counter()
+        options = self.Options.of(settings)
         splits = {"image": prepared.data}
-        for role, split in (("train", settings.train_split), ("val", settings.val_split)):
+        for role, split in (("train", options.train_split), ("val", options.val_split)):
             if split is not None:
                 splits[role] = open_single_label(self.name, replace(prepared.source, split=split), progress)
         outcomes = {role: encode_split_images(session, dataset, store, memo, settings, progress,
-                                              prepared.source.limit, (sharded or {}).get(role))
+                                              limit=prepared.source.limit, sharded=(sharded or {}).get(role))
                     for role, dataset in splits.items()}
         return Encoded(outcomes, seconds=time.perf_counter() - started)
 
@@ -64,6 +95,7 @@ class LinearProbe(EvalTask):
         from clipcache.tasks.score.stage import check_images
 
         started = time.perf_counter()
+        options = self.Options.of(settings)
         features = {}
         for role, outcome in encoded.outcomes.items():
             entry = store.open(outcome.ref.key)
@@ -72,11 +104,11 @@ class LinearProbe(EvalTask):
             features[role] = (torch.from_numpy(entry.embeddings()), torch.from_numpy(entry.array("target")).long())
         train_x, train_y = features["train"]
         val_x, val_y = features.get("val", (None, None))
-        if settings.val_proportion is not None:  # held out of train, seeded (clip_benchmark's random_split)
-            keep, held = held_out_split(len(train_y), settings.val_proportion, settings.seed)
+        if options.val_proportion is not None:  # held out of train, seeded (clip_benchmark's random_split)
+            keep, held = held_out_split(len(train_y), options.val_proportion, options.seed)
             train_x, train_y, val_x, val_y = train_x[keep], train_y[keep], train_x[held], train_y[held]
         test_x, test_y = features["image"]
-        probe = ProbeSettings(lr=settings.fewshot_lr, epochs=settings.fewshot_epochs, batch_size=settings.batch_size,
-                              fewshot_k=settings.fewshot_k, seed=settings.seed, device=settings.device)
-        metrics, _ = linear_probe(train_x, train_y, test_x, test_y, probe, val_x, val_y)
+        probe = ProbeSettings(lr=options.fewshot_lr, epochs=options.fewshot_epochs, batch_size=options.batch_size,
+                              fewshot_k=options.fewshot_k, seed=options.seed, device=settings.device)
+        metrics, _ = linear_probe(train_x, train_y, test_x, test_y, probe, val_x=val_x, val_y=val_y)
         return Scored(metrics, len(test_y), seconds=time.perf_counter() - started)

@@ -4,14 +4,11 @@ nDCG / MAP / recall / precision / MRR @k as beir's EvaluateRetrieval reports the
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.datasets.beir import BeirData, open_beir
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
@@ -29,53 +26,6 @@ if TYPE_CHECKING:
     from clipcache.tasks.progress import StageProgress
 
 K_ALWAYS = 10  # beir's headline numbers are @10: always reported
-
-
-@dataclass
-class BeirData:
-    name: str
-    split: str
-    root: Path
-    doc_ids: list[str]
-    doc_texts: list[str]
-    query_ids: list[str]
-    query_texts: list[str]
-    relevant: list[np.ndarray] = field(default_factory=list)  # per query: indices of docs with score > 0
-    gains: list[np.ndarray] = field(default_factory=list)
-
-    def identity(self, memo: FileHashMemo) -> dict:
-        from clipcache.tasks.convert.beir import qrels_path
-
-        files = [self.root / "corpus.jsonl", self.root / "queries.jsonl", qrels_path(self.root, self.split)]
-        return {"format": "beir", "content": memo.fingerprint(files, root=self.root)}
-
-
-def open_beir(name: str, root: Path, split: str, limit: int | None) -> BeirData:
-    """Queries with at least one relevant document in the corpus are evaluated (as pytrec_eval does); ``limit``
-    keeps the first N of them. The whole corpus is always searched."""
-    from clipcache.tasks.convert.beir import read_beir
-
-    corpus, queries, qrels = read_beir(root, split)
-    doc_ids = list(corpus)
-    position = {d: i for i, d in enumerate(doc_ids)}
-    data = BeirData(name, split, Path(root), doc_ids, [corpus[d] for d in doc_ids], [], [])
-    for qid, text in queries.items():
-        judged = {d: s for d, s in qrels.get(qid, {}).items() if s > 0 and d in position}
-        if not judged:
-            continue
-        data.query_ids.append(qid)
-        data.query_texts.append(text)
-        data.relevant.append(np.array([position[d] for d in judged], dtype=np.int64))
-        data.gains.append(np.array(list(judged.values()), dtype=np.float64))
-        if limit is not None and len(data.query_ids) >= limit:
-            break
-    if not data.query_ids:
-        raise DatasetError(f"BEIR folder {root}: no query of split {split!r} has a relevant document in the corpus")
-    return data
-
-
-def is_beir_folder(root: Path) -> bool:
-    return (root / "corpus.jsonl").is_file() and (root / "queries.jsonl").is_file()
 
 
 class TextRetrieval(EvalTask):

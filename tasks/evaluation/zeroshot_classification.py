@@ -45,8 +45,8 @@ class ZeroShotClassification(EvalTask):
 
         started = time.perf_counter()
         dataset = prepared.data
-        images = encode_split_images(session, dataset, store, memo, settings, progress, prepared.source.limit,
-                                     (sharded or {}).get("image"))
+        images = encode_split_images(session, dataset, store, memo, settings, progress,
+                                     limit=prepared.source.limit, sharded=(sharded or {}).get("image"))
         prompts = encode_prompts(session, prepared.prompts.prompts(), store, settings.batch_size, progress,
                                  dataset.name)
         return Encoded({"image": images, "prompt": prompts}, {"n_classes": len(prepared.prompts.classnames),
@@ -57,9 +57,12 @@ class ZeroShotClassification(EvalTask):
         from clipcache.tasks.score.stage import score_classification
 
         started = time.perf_counter()
-        metrics, n = score_classification(store, encoded.outcomes["image"].ref, encoded.outcomes["prompt"],
-                                          n_classes=encoded.info["n_classes"],
-                                          n_templates=encoded.info["n_templates"], settings=settings,
-                                          n_samples=prepared.n_samples)
-        return Scored(metrics, n, seconds=time.perf_counter() - started)
+        from clipcache.tasks.score.evidence import classification_evidence
+
+        metrics, n, samples = score_classification(store, encoded.outcomes["image"].ref, encoded.outcomes["prompt"],
+                                                   n_classes=encoded.info["n_classes"],
+                                                   n_templates=encoded.info["n_templates"], settings=settings,
+                                                   n_samples=prepared.n_samples, keep_samples=True)
+        evidence = classification_evidence(samples, encoded.info["n_classes"]) if samples else None
+        return Scored(metrics, n, seconds=time.perf_counter() - started, evidence=evidence)
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from pydantic import Field
+
+from clipcache.tasks.contract import TaskOptions, Ties
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
@@ -29,9 +32,14 @@ class ZeroShotRetrieval(EvalTask):
     description = "image_retrieval_recall@k (text->image), text_retrieval_recall@k (image->text); mrr, ndcg, ranks"
     needs = ("image", "caption")
     reads = ("retrieval",)
-    option_defaults = {"ties": "topk"}
     main_metrics = (("image_retrieval_recall", 5, "mean_retrieval_recall@5", 1),
                     ("text_retrieval_recall", 5, "mean_retrieval_recall@5", 1))
+
+    class Options(TaskOptions):
+        # --recall_k and --retrieval_metrics are not options: they choose which rows are reported, not their values
+        ties: Ties = Field("topk", description="how tied scores are decided: topk keeps what torch.topk keeps, as "
+                                               "clip_benchmark (default); stable ranks equal scores by index, "
+                                               "independent of the order of the data")
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
         dataset = open_for(self.name, source, progress)
@@ -41,12 +49,12 @@ class ZeroShotRetrieval(EvalTask):
     def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
                settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
-        return encode_images_and_captions(session, prepared, store, memo, settings, progress, sharded)
+        return encode_images_and_captions(session, prepared, store, memo, settings, progress, sharded=sharded)
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         from clipcache.tasks.score.stage import score_retrieval
 
         started = time.perf_counter()
         metrics, n, tied = score_retrieval(store, encoded.outcomes["image"].ref, encoded.outcomes["caption"].ref,
-                                           settings, prepared.n_samples)
+                                           settings, prepared.n_samples, ties=self.Options.of(settings).ties)
         return Scored(metrics, n, tied, time.perf_counter() - started)

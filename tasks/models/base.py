@@ -16,6 +16,11 @@ from clipcache.tasks.models.devices import autocast
 class EmbeddingModel(ABC):
     """A loaded model that turns images and/or texts into L2-normalised float32 vectors."""
 
+    # True when an input's vector does not depend on the other inputs of its batch (an API embedding each request on
+    # its own): a resumed encode then asks only for the rows not yet committed, instead of redoing whole batches to
+    # keep their composition (which makes local models' resumed vectors bit-identical).
+    batch_invariant: bool = False
+
     def __init__(self, module: torch.nn.Module, device: torch.device, amp: bool):
         # Any: each family's module has its own encode methods (encode_image, get_image_features, encode, ...)
         self.module: Any = module.to(device).eval()
@@ -31,6 +36,9 @@ class EmbeddingModel(ABC):
 
     @abstractmethod
     def encode_texts(self, texts: list[str]) -> np.ndarray: ...
+
+    def close(self, report: bool = True) -> None:  # noqa: B027 (a hook: most models hold nothing to release)
+        """Called once when the run is over (``report``: it completed); API models print their cost line here."""
 
 
 class TwoTowerModel(EmbeddingModel):

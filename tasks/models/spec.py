@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
+
+from clipcache.tasks.models.api_spec import ApiFields
 
 Hub = Literal["huggingface", "modelscope", "local"]
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(ApiFields):  # ApiFields: the api_* settings of api: models (unset for every other model)
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
     model_name: str = Field(min_length=1, description="open_clip architecture, local-dir:/hf-hub: name, HF/ModelScope id "

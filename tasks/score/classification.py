@@ -53,20 +53,40 @@ def logits(images: np.ndarray | torch.Tensor, classifier: np.ndarray | torch.Ten
 
 
 class ClassificationCounts:
-    """Metrics accumulated batch by batch (no dense samples x classes matrix is kept, except for multilabel)."""
+    """Metrics accumulated batch by batch (no dense samples x classes matrix is kept, except for multilabel).
+    With ``keep_samples``, each sample's outcome is kept too (:meth:`samples`): what the metrics are made of."""
 
-    def __init__(self, n_classes: int):
+    def __init__(self, n_classes: int, keep_samples: bool = False):
         self.ks = (1, 5) if n_classes >= 5 else (1,)
         self.hits = dict.fromkeys(self.ks, 0)
         self.predictions: list[torch.Tensor] = []
         self.targets: list[torch.Tensor] = []
+        self.keep_samples = keep_samples
+        self._samples: list[dict[str, torch.Tensor]] = []
 
     def add(self, batch_logits: torch.Tensor, targets: torch.Tensor) -> None:
-        kept = torch.topk(batch_logits, min(max(self.ks), batch_logits.shape[1]), dim=1).indices
+        top = torch.topk(batch_logits, min(max(self.ks), batch_logits.shape[1]), dim=1)
+        kept = top.indices
+        correct = {k: (kept[:, :k] == targets[:, None]).any(dim=1) for k in self.ks}
         for k in self.ks:
-            self.hits[k] += int((kept[:, :k] == targets[:, None]).any(dim=1).sum())
-        self.predictions.append(batch_logits.argmax(dim=1))
+            self.hits[k] += int(correct[k].sum())
+        predictions = batch_logits.argmax(dim=1)
+        self.predictions.append(predictions)
         self.targets.append(targets)
+        if self.keep_samples:
+            self._samples.append(sample_outcomes(batch_logits, targets, top, correct, predictions))
+
+    def samples(self) -> dict[str, np.ndarray]:
+        """Per sample: target, prediction (argmax), top (topk's kept classes, best first), correct1 / correct5
+        (topk's choice, as acc1 / acc5 count them), score (the target's logit), rank (1 + classes scored above the
+        target), tied (another class scores exactly the target's logit) and margin (target minus best other)."""
+        if not self._samples:
+            return {}
+        out = {name: torch.cat([s[name] for s in self._samples]).numpy() for name in self._samples[0]}
+        for name in ("score", "margin"):
+            out[name] = out[name].astype(np.float64)
+        out["target"], out["prediction"] = out["target"].astype(np.int64), out["prediction"].astype(np.int64)
+        return out
 
     def metrics(self) -> dict[str, float]:
         n = sum(len(t) for t in self.targets)
@@ -74,6 +94,24 @@ class ClassificationCounts:
             return {"acc1": math.nan, "acc5": math.nan, "mean_per_class_recall": math.nan}
         return {"acc1": self.hits[1] / n, "acc5": self.hits[5] / n if 5 in self.hits else math.nan,
                 "mean_per_class_recall": balanced_recall(torch.cat(self.predictions), torch.cat(self.targets))}
+
+
+def sample_outcomes(batch_logits: torch.Tensor, targets: torch.Tensor, top: torch.return_types.topk,
+                    correct: dict[int, torch.Tensor], predictions: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One batch's per-sample outcomes, as tensors (converted once, in :meth:`ClassificationCounts.samples`)."""
+    score = batch_logits.gather(1, targets[:, None])
+    values, kept = top.values, top.indices
+    if kept.shape[1] < 2 <= batch_logits.shape[1]:  # acc1 only (under 5 classes): the second best, for the margin
+        second = torch.topk(batch_logits, 2, dim=1)  # a separate call: the kept class stays topk(1)'s choice
+        values, kept = second.values, second.indices
+    if kept.shape[1] > 1:  # the best other class: topk's first, unless that is the target, then its second
+        best_other = torch.where(kept[:, 0] == targets, values[:, 1], values[:, 0])
+    else:
+        best_other = torch.full_like(values[:, 0], torch.nan)
+    five = {"correct5": correct[5]} if 5 in correct else {}  # acc5 is NaN below 5 classes
+    return {"target": targets, "prediction": predictions, "top": top.indices.to(torch.int32), "correct1": correct[1],
+            **five, "score": score[:, 0], "rank": 1 + (batch_logits > score).sum(dim=1),
+            "tied": (batch_logits == score).sum(dim=1) > 1, "margin": score[:, 0] - best_other}
 
 
 def balanced_recall(predictions: torch.Tensor, targets: torch.Tensor) -> float:

@@ -34,13 +34,15 @@ WEIGHT_DECAYS = np.logspace(-6, 2, num=97).tolist()
 FIRST_WEIGHT_DECAYS = np.logspace(-6, 2, num=7).tolist()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProbeSettings:
-    lr: float = 0.1
-    epochs: int = 10
-    batch_size: int = 64
-    fewshot_k: int = -1
-    seed: int = 0
+    """What one probe is trained with; every value is given (the defaults are linear_probe's Options)."""
+
+    lr: float
+    epochs: int
+    batch_size: int
+    fewshot_k: int
+    seed: int
     device: str = "cpu"
 
 
@@ -130,7 +132,7 @@ def best_weight_decay(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch
 
 
 def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor,
-                 settings: ProbeSettings, val_x: torch.Tensor | None = None,
+                 settings: ProbeSettings, *, val_x: torch.Tensor | None = None,
                  val_y: torch.Tensor | None = None) -> tuple[dict[str, float], float]:
     """(metrics, chosen weight decay). Features are float32 rows; targets int64 class ids."""
     picked = fewshot_indices(train_y, settings.fewshot_k, settings.seed)

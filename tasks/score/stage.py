@@ -13,7 +13,7 @@ from clipcache.storage.cache_keys import EmbeddingRef, cache_command
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import CacheIntegrityError
 from clipcache.storage.text_pool import TextPool
-from clipcache.tasks.evaluation.base import ScoreSettings
+from clipcache.tasks.contract import ScoreSettings, Ties
 from clipcache.tasks.score.classification import (
     ClassificationCounts,
     logit_batches,
@@ -46,7 +46,10 @@ def check_images(entry: EmbeddingEntry, n_samples: int | None) -> None:
 
 
 def score_classification(store: EmbeddingStore, images: EmbeddingRef, prompts: Any, *, n_classes: int,
-                         n_templates: int, settings: ScoreSettings, n_samples: int | None = None) -> tuple[dict[str, float], int]:
+                         n_templates: int, settings: ScoreSettings, n_samples: int | None = None,
+                         keep_samples: bool = False) -> tuple[dict[str, float], int, dict[str, np.ndarray] | None]:
+    """Metrics, images scored and, with ``keep_samples``, each image's outcome (``sample_index``: its position in
+    the dataset; images skipped as undecodable have no row)."""
     device = torch_device(settings.device)
     image_entry = store.open(images.key)
     check_images(image_entry, n_samples)
@@ -69,14 +72,17 @@ def score_classification(store: EmbeddingStore, images: EmbeddingRef, prompts: A
     targets = torch.from_numpy(image_entry.array("target"))
     image_rows = load_rows(image_entry, device)
     batches = logit_batches(image_rows, classifier, settings.batch_size)
+    samples = None
     if targets.ndim == 2:  # multilabel: average precision needs every sample's logits per class
         metrics = {"mean_average_precision": mean_average_precision(torch.cat(list(batches)), targets)}
     else:
-        counts = ClassificationCounts(n_classes)
+        counts = ClassificationCounts(n_classes, keep_samples=keep_samples)
         for lo, batch in zip(range(0, len(targets), settings.batch_size), batches, strict=True):
             counts.add(batch, targets[lo : lo + len(batch)].long())
         metrics = counts.metrics()
-    return with_skipped_images(metrics, image_entry), len(targets)
+        if keep_samples:
+            samples = {**counts.samples(), "sample_index": np.asarray(image_entry.array("position"), np.int64)}
+    return with_skipped_images(metrics, image_entry), len(targets), samples
 
 
 def caption_targets(store: EmbeddingStore, images: EmbeddingRef, captions: EmbeddingRef
@@ -97,8 +103,8 @@ def caption_targets(store: EmbeddingStore, images: EmbeddingRef, captions: Embed
 
 
 def score_retrieval(store: EmbeddingStore, images: EmbeddingRef, captions: EmbeddingRef, settings: ScoreSettings,
-                    n_samples: int | None = None) -> tuple[dict[str, float], int, dict[str, int]]:
-    """recall@k both ways (clip_benchmark's topk choice by default, or the stable rule), and the other metric
+                    n_samples: int | None = None, *, ties: Ties) -> tuple[dict[str, float], int, dict[str, int]]:
+    """recall@k both ways (``ties``: clip_benchmark's topk choice, or the stable rule), and the other metric
     families asked for; returns (metrics, images, tie-sensitive queries per recall metric)."""
     device = torch_device(settings.device)
     image_entry, caption_entry = store.open(images.key), store.open(captions.key)
@@ -113,7 +119,7 @@ def score_retrieval(store: EmbeddingStore, images: EmbeddingRef, captions: Embed
     caption_rows = load_rows(caption_entry, device, caption_row, host=host[0] if host else None)
     owner = torch.from_numpy(caption_image).to(device)
     t2i, i2t = recall_counts(caption_rows, image_rows, owner, list(settings.recall_k), tile_bytes(device),
-                             rule=settings.ties, topk_device=device, host=host)
+                             rule=ties, topk_device=device, host=host)
     metrics: dict[str, float] = {}
     tied: dict[str, int] = {}
     if "recall" in settings.retrieval_metrics:

@@ -1,0 +1,248 @@
+"""A local OpenAI-compatible embeddings server that serves the bundled tiny-shapes-clip, for tests, benchmarks and
+demos of ``api:`` models (127.0.0.1 only).
+
+    .venv/bin/python scripts/fake_embedding_server.py [--port 8010] [--delay 0.1]
+    # then: clipcache eval --model api:tiny-shapes-clip --api_base http://127.0.0.1:8010/v1 ... (any OPENAI_API_KEY)
+
+``POST /v1/embeddings`` answers as vLLM's pooling models do: texts as ``{"model", "input": [texts]}``, an image as
+``{"model", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:..."}}]}]}``,
+with ``encoding_format`` float (default) or base64 (little-endian float32) and a ``usage`` block. It also takes
+``"input": [{"image": url} | {"text": ...}]`` (the form of tests/test_api_embeddings.py's plugin format). The model is
+loaded through clipcache's own open_clip loader, so its vectors are those of ``--model tiny-shapes-clip``.
+
+Faults on demand (attributes of the server object in tests): ``delay`` seconds per request; ``fail_next`` =
+[status, ...] answered first (429 and 503 come with ``Retry-After: retry_after``); ``stall_next`` = n requests that
+sleep ``stall_seconds`` before answering; ``hang`` (every request stalls); ``always_status``; ``malformed_next`` = n
+answers of kind ``malformed`` (not_json, count, nan, dims); ``changed`` (a different model behind the same name);
+``report_usage``. It records every request: ``requests``, ``kinds`` (text / image), ``image_digests`` (SHA-256 of
+each embedded image's pixels), ``authorizations`` and ``times``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import io
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+MODEL = "tiny-shapes-clip"
+
+
+def load_tiny_model() -> Any:
+    import torch
+
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.models.resolve import load_model, resolve_model
+    from clipcache.tasks.models.spec import ModelSpec
+
+    return load_model(resolve_model(ModelSpec(model_name=MODEL), FileHashMemo(None)), torch.device("cpu"), False)
+
+
+def decode_image(url: str) -> Image.Image:
+    if not url.startswith("data:image/"):
+        raise ValueError("expected a data:image/...;base64, URL")
+    return Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB")
+
+
+def parse_inputs(body: dict) -> list[tuple[str, Any]]:
+    """[("text", str) | ("image", PIL image), ...] of a request, in order."""
+    if "messages" in body:
+        parts = body["messages"][-1]["content"]
+        urls = [p["image_url"]["url"] for p in parts if p.get("type") == "image_url"]
+        if len(urls) != 1:
+            raise ValueError("expected one image_url part")
+        return [("image", decode_image(urls[0]))]
+    items = body["input"]
+    items = [items] if isinstance(items, str) else items
+    if not isinstance(items, list) or not items:
+        raise ValueError("'input' must be a non-empty list")
+    out: list[tuple[str, Any]] = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(("text", item))
+        elif isinstance(item, dict) and "image" in item:
+            out.append(("image", decode_image(item["image"])))
+        elif isinstance(item, dict) and "text" in item:
+            out.append(("text", item["text"]))
+        else:
+            raise ValueError("an input is neither text nor {'image': url}")
+    return out
+
+
+class FakeEmbeddingServer:
+    def __init__(self, port: int = 0, delay: float = 0.0, model: Any = None):
+        self.model = model if model is not None else load_tiny_model()
+        self.delay = delay
+        self.fail_next: list[int] = []
+        self.retry_after = "0.05"
+        self.stall_next = 0
+        self.stall_seconds = 5.0
+        self.hang = False
+        self.always_status: int | None = None
+        self.malformed_next = 0
+        self.malformed = "not_json"
+        self.changed = False
+        self.report_usage = True
+        self.requests = 0
+        self.kinds: list[str] = []
+        self.image_digests: list[str] = []
+        self.authorizations: list[str] = []
+        self.times: list[float] = []
+        self._lock = threading.Lock()
+        self._model_lock = threading.Lock()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        self.httpd.daemon_threads = True
+        self.api_base = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def reset(self) -> None:
+        """No faults, no records (tests share one server: its model takes seconds to load)."""
+        with self._lock:
+            self.delay, self.fail_next, self.retry_after, self.stall_next, self.stall_seconds = 0.0, [], "0.05", 0, 5.0
+            self.hang, self.always_status, self.malformed_next, self.malformed = False, None, 0, "not_json"
+            self.changed, self.report_usage = False, True
+            self.requests = 0
+            self.kinds, self.image_digests, self.authorizations, self.times = [], [], [], []
+
+    def embed(self, inputs: list[tuple[str, Any]]) -> np.ndarray:
+        import torch
+
+        texts = [i for i, (kind, _) in enumerate(inputs) if kind == "text"]
+        images = [i for i, (kind, _) in enumerate(inputs) if kind == "image"]
+        vectors: np.ndarray | None = None
+        with self._model_lock:  # one forward pass at a time: deterministic, and torch's threads are few here
+            for indices, encode in ((texts, lambda vs: self.model.encode_texts(vs)),
+                                    (images, lambda vs: self.model.encode_images(
+                                        torch.stack([self.model.image_transform(v) for v in vs])))):
+                if indices:  # one batch per kind, as a local run encodes a batch
+                    rows = encode([inputs[i][1] for i in indices])
+                    if vectors is None:
+                        vectors = np.zeros((len(inputs), rows.shape[1]), dtype=np.float32)
+                    vectors[indices] = rows
+        assert vectors is not None
+        return np.roll(vectors, 1, axis=1) if self.changed else vectors  # "another model": its dimensions moved
+
+    def answer(self, body: dict) -> tuple[int, dict, dict]:
+        """(status, JSON body, headers) for one request body."""
+        if body.get("model") != MODEL:
+            return 404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                   "type": "NotFoundError"}}, {}
+        try:
+            inputs = parse_inputs(body)
+        except (KeyError, IndexError, TypeError, ValueError, OSError) as e:
+            return 400, {"error": {"message": f"bad request: {e}", "type": "BadRequestError"}}, {}
+        with self._lock:
+            self.kinds.append("image" if inputs[0][0] == "image" else "text")
+            self.image_digests += [hashlib.sha256(v.tobytes()).hexdigest() for k, v in inputs if k == "image"]
+        vectors = self.embed(inputs)
+        fmt = body.get("encoding_format", "float")
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v.tolist()}
+                for i, v in enumerate(vectors)]
+        tokens = sum(len(str(v).split()) + 2 if k == "text" else 50 for k, v in inputs)
+        payload: dict[str, Any] = {"object": "list", "model": MODEL, "data": data}
+        if self.report_usage:
+            payload["usage"] = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return 200, payload, {}
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def setup(self) -> None:
+                super().setup()
+                # headers and body go out in two writes: without TCP_NODELAY each answer waits ~40 ms on Nagle's
+                # algorithm and the client's delayed ACK, which a benchmark would take for API latency
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def _send(self, status: int, raw: bytes, headers: dict | None = None) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                try:
+                    self.wfile.write(raw)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout): nothing to answer
+
+            def do_POST(self) -> None:  # noqa: N802
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with server._lock:
+                    server.requests += 1
+                    server.authorizations.append(self.headers.get("Authorization", ""))
+                    server.times.append(time.monotonic())
+                    fault = server.fail_next.pop(0) if server.fail_next else server.always_status
+                    stall = server.hang or server.stall_next > 0
+                    server.stall_next -= server.stall_next > 0
+                    malformed = server.malformed if server.malformed_next > 0 else None
+                    server.malformed_next -= server.malformed_next > 0
+                if stall:
+                    time.sleep(server.stall_seconds)
+                if server.delay:
+                    time.sleep(server.delay)
+                if not self.path.endswith("/embeddings"):
+                    self._send(404, json.dumps({"error": {"message": "not found"}}).encode())
+                    return
+                if fault:
+                    headers = {"Retry-After": server.retry_after} if fault in (429, 503) else {}
+                    self._send(fault, json.dumps({"error": {"message": f"injected {fault}"}}).encode(), headers)
+                    return
+                try:
+                    body = json.loads(raw or b"{}")
+                except ValueError:
+                    self._send(400, json.dumps({"error": {"message": "body is not JSON"}}).encode())
+                    return
+                status, payload, headers = server.answer(body)
+                if status == 200 and malformed == "not_json":
+                    self._send(200, b'{"object": "list", "data": [{"embedding": [0.1, ')  # cut off
+                    return
+                if status == 200 and malformed == "count":
+                    payload["data"] = payload["data"][:-1]
+                elif status == 200 and malformed == "nan":
+                    payload["data"][0]["embedding"] = [float("nan")] * 4
+                elif status == 200 and malformed == "dims":
+                    payload["data"][0]["embedding"] = [0.5, 0.5, 0.5, 0.5]
+                self._send(status, json.dumps(payload).encode(), headers)
+
+        return Handler
+
+    def __enter__(self) -> FakeEmbeddingServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--port", type=int, default=8010)
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds per request")
+    args = parser.parse_args()
+    server = FakeEmbeddingServer(args.port, args.delay)
+    print(f"serving {MODEL} as an OpenAI-compatible embeddings API at {server.api_base} (Ctrl-C to stop)", flush=True)
+    try:
+        server.httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

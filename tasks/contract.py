@@ -1,0 +1,155 @@
+"""The typed contract below the tasks: what the flow hands a stage, and what a stage hands back.
+
+The encode and score stages, the evaluation tasks and the flows import these types from here, downward; nothing
+here imports a stage. ``clipcache.tasks.evaluation.base`` re-exports them beside ``EvalTask``. Naming and validating
+import this module, so it stays light: no numpy, torch or zarr.
+
+Each task's settings that change its numbers are a :class:`TaskOptions` model of its own (``EvalTask.Options``); the
+shared settings (batch size, k values, device) are plain fields of :class:`EncodeSettings` and
+:class:`ScoreSettings`, which carry the task's options to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from clipcache.storage.errors import ClipcacheError
+
+if TYPE_CHECKING:  # naming tasks and validating parameters must not import rich
+    from clipcache.tasks.progress import StageProgress
+
+BATCH_SIZE = 64  # clip_benchmark's --batch_size: images or texts per forward pass, and logits per scoring block
+Ties = Literal["topk", "stable"]
+OnBadImage = Literal["error", "skip"]
+
+
+class CacheMissError(ClipcacheError):
+    """``rescore`` needs embeddings that are not in the cache."""
+
+    def __init__(self, missing: list[str]):
+        self.missing = missing
+        super().__init__("not in the cache: " + "; ".join(missing))
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """Where a dataset comes from: everything needed to open it, here or on a worker."""
+
+    name: str
+    root: str | None = None  # --dataset_root (a folder or a template with {dataset} / {dataset_cleaned})
+    split: str = "test"
+    limit: int | None = None
+    hub: str = "huggingface"
+    data_dir: str | None = None  # local folder that hub downloads go to
+    offline: bool = False
+    language: str = "en"  # readers whose files differ by language (flickr30k_test_zh.txt) read that language's
+    annotation_file: str | None = None  # a caption dataset's annotation file in place of its default one
+
+    def open(self, progress: StageProgress | None = None) -> Any:
+        from clipcache.tasks.datasets import open_dataset
+
+        return open_dataset(self.name, self.root, self.split, self.limit, hub=self.hub, cache_dir=self.data_dir,
+                            offline=self.offline, progress=progress, language=self.language,
+                            annotation_file=self.annotation_file)
+
+
+class TaskOptions(BaseModel):
+    """The settings that change one task's numbers: each task declares its own as a subclass (``EvalTask.Options``),
+    and each default is written there only. The CLI flags, their validation, the experiment's options (the values
+    that differ from these defaults) and the rescore hint are derived from the model. A task without options has
+    this empty one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # the options its encode step reads (they choose which cache entries exist: a rescore's hint names them)
+    encode_fields: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def of(cls, settings: EncodeSettings | ScoreSettings) -> Self:
+        """The options ``settings`` carry for this task: its defaults when they carry none."""
+        given = settings.options
+        if given is None:
+            return cls()
+        if type(given) is not cls:  # another task's options would make another task's experiment
+            raise TypeError(f"{cls.__qualname__} expected, the settings carry {type(given).__qualname__}")
+        return given
+
+    def changed(self) -> dict[str, Any]:
+        """The options that differ from their defaults: part of the experiment's identity."""
+        return self.model_dump(exclude_defaults=True)
+
+
+class SeededOptions(TaskOptions):
+    """Options of a task that draws random numbers: one seed for all of them."""
+
+    seed: int = Field(0, description="the seed of every random choice the task makes")
+
+
+@dataclass(frozen=True)
+class EncodeSettings:
+    batch_size: int = BATCH_SIZE
+    num_workers: int = 2
+    on_bad_image: OnBadImage = "error"
+    cached_only: bool = False  # rescore: everything but never-seen class prompts must come from the cache
+    options: TaskOptions | None = None  # the task's options (TaskOptions.of); linear_probe's choose its splits
+
+
+@dataclass(frozen=True)
+class ScoreSettings:
+    recall_k: tuple[int, ...] = (1, 5, 10)
+    retrieval_metrics: tuple[str, ...] = ("recall",)
+    device: str = "cpu"
+    batch_size: int = BATCH_SIZE  # clip_benchmark computes logits per data-loader batch: same blocks, same bits
+    options: TaskOptions | None = None  # the task's options (TaskOptions.of); None: its defaults
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    language: str = "en"
+    classnames: str | None = None  # files replacing the dataset's (a what-if)
+    templates: str | None = None
+
+
+@dataclass
+class Prepared:
+    """A dataset opened for one task, with what identifies it in results."""
+
+    data: Any
+    n_samples: int
+    source: DataSource
+    prompts: Any = None  # ClassPrompts for tasks that use them
+    default_prompts: bool = True
+    prompts_sha256: str | None = None
+
+
+@dataclass
+class Encoded:
+    """References to the cache entries one evaluation needs (small; no arrays)."""
+
+    outcomes: dict[str, Any] = field(default_factory=dict)  # role -> EncodeOutcome / PromptOutcome
+    info: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def cache_hit(self) -> bool:
+        return all(o.cache_hit for o in self.outcomes.values())
+
+    @property
+    def resumed(self) -> bool:
+        return any(getattr(o, "resumed", False) for o in self.outcomes.values())
+
+    @property
+    def cache_keys(self) -> list[str]:
+        return [key for o in self.outcomes.values() for key in o.keys]
+
+
+@dataclass
+class Scored:
+    metrics: dict[str, float]
+    n_samples: int
+    tied: dict[str, int] = field(default_factory=dict)  # flat metric name -> tie-sensitive queries
+    seconds: float = 0.0
+    evidence: Any = None  # tasks.score.evidence.Evidence: per-sample outcomes and intervals (tasks that keep them)

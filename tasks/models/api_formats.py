@@ -1,0 +1,111 @@
+"""Request formats of embedding APIs: how a request body is built and how an answer is read.
+
+The built-in ``openai`` format speaks the OpenAI embeddings API for texts (``{"model", "input": [texts],
+"encoding_format"}``) and vLLM's multimodal form for images (one image as a ``data:image/png;base64,`` URL in a
+chat-style message, ``{"model", "messages": [...], "encoding_format"}``), both ``POST {api_base}/embeddings``.
+
+Other APIs plug in here: subclass :class:`RequestFormat`, override what differs (``text_request``,
+``image_request``, ``path``, ``parse``) and register it in ``API_FORMATS`` (``API_FORMATS.register("name",
+"pkg.module:FORMAT")``) or through the entry point group ``clipcache.api_formats``; ``--api_format name`` selects
+it. The format's name is part of the model's identity (a cache key): two formats may send the same input differently.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from typing import Any
+
+import numpy as np
+
+from clipcache.storage.errors import ConfigError
+from clipcache.tasks.registry import Registry
+
+
+class MalformedResponse(Exception):
+    """An answer that is not what the format expects; the message says what was wrong (it becomes a ModelError)."""
+
+
+class RequestFormat:
+    """The OpenAI embeddings API for texts, vLLM's chat-style multimodal input for images."""
+
+    path = "/embeddings"  # appended to api_base
+    images_per_request = 1  # vLLM's messages form embeds one image per request
+
+    def text_request(self, model: str, texts: list[str], encoding_format: str) -> dict[str, Any]:
+        return {"model": model, "input": texts, "encoding_format": encoding_format}
+
+    def image_request(self, model: str, image_urls: list[str], encoding_format: str) -> dict[str, Any]:
+        """``image_urls``: ``images_per_request`` data URLs (``data:image/png;base64,...``)."""
+        [url] = image_urls
+        return {"model": model, "encoding_format": encoding_format,
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}
+
+    def parse(self, body: Any, n: int) -> tuple[np.ndarray, int | None]:
+        """(the ``n`` vectors as float32 (n, dim) in input order, tokens the server reports or None).
+
+        Reads ``data[i].embedding`` as a list of numbers or as base64 of little-endian float32 (whatever was asked
+        for: some servers ignore ``encoding_format``), in the order of ``data[i].index``."""
+        if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+            raise MalformedResponse("the answer has no 'data' list")
+        items = body["data"]
+        if len(items) != n:
+            raise MalformedResponse(f"{len(items)} embeddings for {n} inputs")
+        if not all(isinstance(item, dict) for item in items):
+            raise MalformedResponse("an item of 'data' is not an object")
+        indices = [item.get("index", i) for i, item in enumerate(items)]
+        if sorted(indices) != list(range(n)):
+            raise MalformedResponse(f"'data[].index' is not 0..{n - 1}")
+        rows = [decode_vector(item.get("embedding")) for _, item in sorted(zip(indices, items, strict=True),
+                                                                              key=lambda pair: pair[0])]
+        if len({len(row) for row in rows}) != 1:
+            raise MalformedResponse(f"embeddings of different lengths ({sorted({len(row) for row in rows})})")
+        return np.stack(rows), reported_tokens(body)
+
+
+def decode_vector(value: Any) -> np.ndarray:
+    if isinstance(value, str):
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise MalformedResponse("an embedding is a string that is not base64") from e
+        if not raw or len(raw) % 4:
+            raise MalformedResponse(f"a base64 embedding of {len(raw)} bytes is not a float32 vector")
+        vector = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    elif isinstance(value, list) and value and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                   for x in value):
+        vector = np.asarray(value, dtype=np.float32)
+    else:
+        raise MalformedResponse(f"an embedding is {type(value).__name__}, not a list of numbers or base64 text")
+    if not np.isfinite(vector).all():
+        raise MalformedResponse("an embedding holds NaN or infinite values")
+    if not np.any(vector):
+        raise MalformedResponse("an embedding is all zeros")
+    return vector
+
+
+def reported_tokens(body: dict[str, Any]) -> int | None:
+    usage = body.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    for key in ("total_tokens", "prompt_tokens"):
+        value = usage.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+            return int(value)
+    return None
+
+
+API_FORMATS: Registry[RequestFormat | type[RequestFormat]] = Registry("API request format", ConfigError,
+                                                                      entry_point_group="clipcache.api_formats")
+API_FORMATS.register("openai", "clipcache.tasks.models.api_formats:RequestFormat")
+
+
+def get_format(name: str) -> RequestFormat:
+    obj = API_FORMATS.get(name)
+    if isinstance(obj, type) and issubclass(obj, RequestFormat):
+        obj = obj()
+    if not isinstance(obj, RequestFormat):
+        raise ConfigError(f"API request format {name!r} ({API_FORMATS.origin(name)}) is not a RequestFormat (got "
+                          f"{type(obj).__name__})")
+    return obj

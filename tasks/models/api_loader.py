@@ -1,0 +1,67 @@
+"""Embedding models behind an HTTP API: ``api:<model id> --api_base URL`` (vLLM pooling models behind its
+OpenAI-compatible server, commercial embedding APIs).
+
+Identity (the cache key) is the endpoint's model id, the revision the user declares (``--api_revision``, default
+today's UTC date) and the request format; not the URL and not the key: the same model behind two URLs is the same
+model. Whether the model behind a name is still the one the cache holds is checked by canaries when it is loaded
+(tasks/models/api_canaries.py). Resolution touches no network and imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from clipcache.storage.errors import ModelError
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.models.api_spec import API_PREFIX, ApiSettings, today_revision
+from clipcache.tasks.models.loader import ModelLoader, ResolvedModel
+from clipcache.tasks.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from clipcache.tasks.models.base import EmbeddingModel
+
+CANARY_FOLDER = "api_canaries"
+
+
+@dataclass(frozen=True)
+class ApiResolvedModel(ResolvedModel):
+    settings: ApiSettings = ApiSettings(api_base="")  # how to reach it: not part of the identity
+    canary_dir: str | None = None  # <cache>/api_canaries: where its canary answers are recorded
+
+
+class ApiLoader(ModelLoader):
+    name = "api"
+    description = ("embedding models behind an OpenAI-compatible HTTP API (vLLM, hosted APIs): api:MODEL_ID "
+                   "--api_base URL (see docs/api_models.md)")
+    priority = 5  # the api: prefix is unambiguous
+
+    def claims(self, spec: ModelSpec) -> bool:
+        return spec.model_name.startswith(API_PREFIX)
+
+    def resolve(self, spec: ModelSpec, memo: FileHashMemo, model_cache_dir: str | None) -> ApiResolvedModel:
+        model_id = spec.model_name.removeprefix(API_PREFIX)
+        if not model_id.strip():
+            raise ModelError(f"model {spec.model_name!r}: expected api:<model id>, the name the API serves it under")
+        if not spec.api_base:
+            raise ModelError(f"model {spec.model_name!r}: --api_base is required (e.g. http://localhost:8000/v1)")
+        settings = ApiSettings.from_fields(spec)
+        revision = spec.api_revision or today_revision()
+        identity = {"loader": "api", "model": model_id, "api_revision": revision,
+                    "request_format": settings.request_format}
+        # The canaries live beside the cache's file-hash memo: <cache_dir>/api_canaries (a local folder for a URL).
+        canary_dir = str(memo.memo_path.parent / CANARY_FOLDER) if memo.memo_path is not None else None
+        return ApiResolvedModel("api", model_id, None, revision, identity, f"api:{model_id}@{revision}", revision,
+                                settings=settings, canary_dir=canary_dir)
+
+    def load(self, resolved: ResolvedModel, device: torch.device, amp: bool, cache_dir: str | None) -> EmbeddingModel:
+        from clipcache.tasks.models.api_model import ApiEmbeddingModel
+
+        if not isinstance(resolved, ApiResolvedModel):
+            raise ModelError(f"model {resolved.source!r} was not resolved by the api loader")
+        return ApiEmbeddingModel(resolved, device)
+
+
+LOADER = ApiLoader()

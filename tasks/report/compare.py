@@ -1,0 +1,138 @@
+"""Compare two experiments (or two models' experiments) sample by sample: is the difference real?
+
+Both sides are read from the warehouse's ``samples`` rows of their latest completed run. Experiments are paired by
+dataset, split, language, task and precision; each pair must cover the same samples (same count, same sample keys
+where the dataset has them) or the comparison is refused. Per metric: the difference, its paired-bootstrap 95%
+interval, a p-value (exact McNemar for acc@1 / acc@5, the bootstrap's for mean per-class recall), the samples flipped
+each way, a verdict at the 5% level, and Holm-adjusted p-values across everything compared at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from clipcache.storage.errors import ConfigError, ResultsError
+from clipcache.tasks.score.intervals import (
+    DEFAULT_RESAMPLES,
+    Statistic,
+    class_recall_statistic,
+    compare_paired,
+    holm,
+    mean_statistic,
+    verdict,
+)
+
+PAIR_GRAIN = ("dataset", "split", "language", "task", "precision")
+
+
+@dataclass
+class ComparisonRow:
+    dataset: str
+    task: str
+    metric: str
+    n: int
+    baseline: float
+    candidate: float
+    difference: float
+    ci_low: float | None
+    ci_high: float | None
+    p_value: float | None
+    p_holm: float | None
+    flipped_to_correct: int | None
+    flipped_to_wrong: int | None
+    verdict: str
+    baseline_experiment: str
+    candidate_experiment: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _experiments(con: Any, selector: str) -> list[dict[str, Any]]:
+    """The experiments a selector names: an experiment id (or a unique prefix of one), else a model name, a
+    ``model@checkpoint-label`` or a checkpoint identity; for a model, its reference experiments (full data, own
+    prompts, default options)."""
+    columns = ["experiment_id", "model", "pretrained", "checkpoint", *PAIR_GRAIN, "sample_limit", "default_prompts",
+               "task_options"]
+    rows = con.execute(f"SELECT DISTINCT {', '.join(columns)} FROM metrics").fetchall()
+    found = [dict(zip(columns, r, strict=True)) for r in rows]
+    by_id = [e for e in found if e["experiment_id"].startswith(selector)]
+    if by_id and len({e["experiment_id"] for e in by_id}) == 1:
+        return by_id[:1]
+    model, _, label = selector.partition("@")
+    named = [e for e in found if (e["model"] == model and (not label or e["pretrained"] == label))
+             or e["checkpoint"] == selector]
+    reference = [e for e in named if e["sample_limit"] is None and e["default_prompts"] and e["task_options"] == "{}"]
+    return reference or [e for e in named if e["default_prompts"] and e["task_options"] == "{}"]
+
+
+def _samples(con: Any, experiment_id: str) -> dict[str, np.ndarray]:
+    """The sample rows of the experiment's latest completed run, in sample order."""
+    table = con.sql(
+        "SELECT sample_index, sample_key, target, prediction, correct1, correct5 FROM samples "
+        "WHERE experiment_id = ? QUALIFY dense_rank() OVER (ORDER BY created_at DESC, run_id DESC) = 1 "
+        "ORDER BY sample_index", params=[experiment_id]).to_arrow_table()
+    return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+
+
+def _statistics(s: dict[str, np.ndarray], n_classes: int) -> dict[str, tuple[Statistic, float, np.ndarray | None]]:
+    out: dict[str, tuple[Statistic, float, np.ndarray | None]] = {
+        "acc1": (mean_statistic(s["correct1"].astype(float)), float(s["correct1"].mean()), s["correct1"])}
+    if not np.any(s["correct5"] == None):  # noqa: E711 - elementwise: null below 5 classes
+        correct5 = s["correct5"].astype(bool)
+        out["acc5"] = (mean_statistic(correct5.astype(float)), float(correct5.mean()), correct5)
+    right = s["prediction"] == s["target"]
+    statistic = class_recall_statistic(s["target"].astype(np.int64), right, n_classes)
+    out["mean_per_class_recall"] = (statistic, float(statistic(np.arange(len(right))[None, :])[0]), None)
+    return out
+
+
+def compare(con: Any, baseline: str, candidate: str, *, resamples: int = DEFAULT_RESAMPLES,
+            seed: int = 0) -> list[ComparisonRow]:
+    """Every metric the two selections share with sample rows, compared pair by pair."""
+    a_side, b_side = _experiments(con, baseline), _experiments(con, candidate)
+    for selector, side in ((baseline, a_side), (candidate, b_side)):
+        if not side:
+            raise ConfigError(f"compare: no completed experiment matches {selector!r} (an experiment id, a model "
+                              f"name, model@checkpoint or a checkpoint; see `clipcache query \"SELECT DISTINCT "
+                              f"experiment_id, model, pretrained, dataset FROM metrics\"`)")
+    # two named experiments are compared as given; models' experiments pair up over the same sample limit
+    single = len(a_side) == 1 and len(b_side) == 1
+    pairs = [(a, b) for a in a_side for b in b_side if all(a[k] == b[k] for k in PAIR_GRAIN)
+             and (single or a["sample_limit"] == b["sample_limit"])]
+    if not pairs:
+        raise ConfigError(f"compare: {baseline!r} and {candidate!r} share no dataset, split, language, task and "
+                          f"precision")
+    rows: list[ComparisonRow] = []
+    for a, b in pairs:
+        if a["sample_limit"] != b["sample_limit"]:
+            raise ResultsError(f"compare: {a['dataset']}: the experiments cover different samples (sample limit "
+                               f"{a['sample_limit']} vs {b['sample_limit']}); compare runs over the same samples")
+        sa, sb = _samples(con, a["experiment_id"]), _samples(con, b["experiment_id"])
+        if not len(sa["sample_index"]) or not len(sb["sample_index"]):
+            continue  # no sample rows (a task that does not keep them yet, or a run of an older release)
+        same = len(sa["sample_index"]) == len(sb["sample_index"]) and np.array_equal(sa["target"], sb["target"]) \
+            and (sa["sample_key"] == sb["sample_key"]).all()
+        if not same:
+            raise ResultsError(f"compare: {a['dataset']}: the experiments cover different samples ({len(sa['target'])}"
+                               f" vs {len(sb['target'])} rows, or other targets); compare runs over the same data")
+        n_classes = int(max(sa["target"].max(), sa["prediction"].max(), sb["prediction"].max())) + 1
+        stats_a, stats_b = _statistics(sa, n_classes), _statistics(sb, n_classes)
+        for metric in stats_a.keys() & stats_b.keys():
+            (fa, va, ca), (fb, vb, cb) = stats_a[metric], stats_b[metric]
+            result = compare_paired(fa, fb, len(sa["target"]), resamples=resamples, seed=seed, observed=(va, vb),
+                                    correct=(ca, cb) if ca is not None and cb is not None else None)
+            rows.append(ComparisonRow(a["dataset"], a["task"], metric, result.n, va, vb, result.difference,
+                                      result.ci_low, result.ci_high, result.p_value, None, result.flipped_to_correct,
+                                      result.flipped_to_wrong, verdict(result), a["experiment_id"],
+                                      b["experiment_id"]))
+    if not rows:
+        raise ResultsError("compare: none of the paired experiments has sample rows (they are written by clipcache "
+                           "0.2 and newer for zero-shot classification; `clipcache rescore` adds them from the cache)")
+    for row, adjusted in zip(rows, holm([r.p_value for r in rows]), strict=True):
+        row.p_holm = adjusted
+    rows.sort(key=lambda r: (r.dataset, r.metric))
+    return rows

@@ -1,0 +1,92 @@
+"""Evidence end to end: sample rows in the warehouse recompute the stored metrics, intervals reach the leaderboard and
+the JSON, and `clipcache compare` pairs two checkpoints sample by sample (its flips equal SQL's)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from clipcache.storage.warehouse import connect
+
+from conftest import TINY_MODEL
+from hostile import assert_refused, run_cli
+
+COMMON = ["--dataset", "shapes", "--quiet", "--orchestrator", "local"]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """The bundled model and a perturbed copy of it (noise on the image tower), each evaluated on 300 images."""
+    from clipcache.flows.cli import main
+
+    root = tmp_path_factory.mktemp("compare")
+    perturbed = root / "perturbed"
+    shutil.copytree(TINY_MODEL, perturbed)
+    weights = load_file(perturbed / "open_clip_model.safetensors")
+    generator = torch.Generator().manual_seed(0)
+    for name, value in weights.items():
+        if value.is_floating_point() and "visual" in name and value.ndim == 2:
+            noise = 0.35 * value.float().std() * torch.randn(value.shape, generator=generator)
+            weights[name] = (value.float() + noise).to(value.dtype)
+    save_file(weights, perturbed / "open_clip_model.safetensors")
+    dirs = ["--output_dir", str(root / "out"), "--cache_dir", str(root / "cache")]
+    for model in ("tiny-shapes-clip", f"local-dir:{perturbed}"):
+        assert main(["eval", "--model", model, *COMMON, "--limit", "300", *dirs]) == 0
+    return root
+
+
+def test_sample_rows_recompute_every_stored_metric(work):
+    con = connect(work / "out")
+    rows = con.sql("""
+        SELECT m.experiment_id, m.metric, m.k, m.value, m.ci_low, m.ci_high,
+               avg(s.correct1::DOUBLE) AS acc1, avg(s.correct5::DOUBLE) AS acc5, count(*) AS n
+        FROM metrics m JOIN latest_samples s USING (experiment_id)
+        GROUP BY ALL ORDER BY ALL""").fetchall()
+    assert len(rows) == 6
+    for _, metric, k, value, low, high, acc1, acc5, n in rows:
+        assert n == 300 and low <= value <= high
+        if metric == "acc":
+            assert value == (acc1 if k == 1 else acc5)
+
+
+def test_intervals_reach_the_json(work):
+    [saved] = (work / "out" / "tiny-shapes-clip").glob("shapes_*.json")
+    intervals = json.loads(saved.read_text())["intervals"]
+    assert set(intervals) == {"acc1", "acc5", "mean_per_class_recall"}
+    assert all(low <= high for low, high in intervals.values())
+
+
+def test_compare_finds_the_perturbed_checkpoint_worse_and_its_flips_equal_sql(work, capsys):
+    code, out, err = run_cli(["compare", "--baseline", "tiny-shapes-clip", "--candidate", "perturbed",
+                              "--output_dir", str(work / "out"), "--format", "json"], capsys)
+    assert code == 0, err
+    rows = {r["metric"]: r for r in json.loads(out)}
+    acc1 = rows["acc1"]
+    assert acc1["verdict"] == "worse" and acc1["ci_high"] < 0 and acc1["p_value"] < 0.05
+    flips = connect(work / "out").execute("SELECT count(*) FROM sample_flips(?, ?)",
+                                          [acc1["baseline_experiment"], acc1["candidate_experiment"]]).fetchone()[0]
+    assert flips == acc1["flipped_to_correct"] + acc1["flipped_to_wrong"] > 0
+    assert rows["acc1"]["p_holm"] >= rows["acc1"]["p_value"]
+
+
+def test_compare_refuses_experiments_over_other_samples(work, capsys):
+    from clipcache.flows.cli import main
+
+    dirs = ["--output_dir", str(work / "out"), "--cache_dir", str(work / "cache")]
+    assert main(["eval", "--model", "tiny-shapes-clip", *COMMON, "--limit", "200", *dirs]) == 0
+    con = connect(work / "out")
+    small, full = (con.sql(f"SELECT DISTINCT experiment_id FROM metrics WHERE model = 'tiny-shapes-clip' AND "
+                           f"sample_limit = {n}").fetchall()[0][0] for n in (200, 300))
+    code, _, err = run_cli(["compare", "--baseline", full, "--candidate", small, "--output_dir", str(work / "out")],
+                           capsys)
+    assert_refused(code, err, "different samples")
+
+
+def test_compare_names_an_unknown_side(work, capsys):
+    code, _, err = run_cli(["compare", "--baseline", "nope", "--candidate", "tiny-shapes-clip", "--output_dir",
+                            str(work / "out")], capsys)
+    assert_refused(code, err, "no completed experiment matches 'nope'")
