@@ -54,7 +54,8 @@ def add_param_flags(parser: argparse.ArgumentParser, model: Any, choices: dict[s
             continue
         flag = FLAG_NAMES.get(name, name)
         annotation, _ = _unwrap(info.annotation)
-        kwargs: dict[str, Any] = {"help": FLAG_HELP.get(flag, info.description)}
+        text = FLAG_HELP.get(flag, info.description)  # argparse formats help with %: a literal one is doubled
+        kwargs: dict[str, Any] = {"help": text.replace("%", "%%") if text else text}
         if annotation is bool:
             kwargs.update(action="store_true", default=False)
         elif typing.get_origin(annotation) is list:

@@ -26,15 +26,23 @@ def short_task(task: str) -> str:
     return get_task(task).short if task in TASKS else task
 
 
+def format_interval(bounds: tuple[float | None, float | None] | None) -> str:
+    if not bounds or bounds[0] is None or bounds[1] is None:
+        return ""
+    return f"{bounds[0]:.4f}-{bounds[1]:.4f}"
+
+
 def print_results(console: Console, results: list, output_dir: str) -> None:
     """The results table. A ``ties`` column appears when some query's outcome was decided by a tie across the
     cut-off (clip_benchmark's torch.topk choice; see --ties)."""
     show_ties = any(any(r.tied.values()) for r in results)
+    show_ci = any(getattr(r, "intervals", None) for r in results)
     show_language = len({r.language for r in results}) > 1 or any(r.language != "en" for r in results)
     table = Table(title="clipcache results")
     show_variant = any(getattr(r, "variant", "") for r in results)
     columns = [("model", "left"), ("dataset", "left"), *([("lang", "left")] if show_language else []),
-               ("task", "left"), *([("variant", "left")] if show_variant else []), ("metric", "left"), ("value", "right"), *([("ties", "right")] if show_ties else []),
+               ("task", "left"), *([("variant", "left")] if show_variant else []), ("metric", "left"), ("value", "right"),
+               *([("95% CI", "right")] if show_ci else []), *([("ties", "right")] if show_ties else []),
                ("n", "right"), ("cache", "left"), ("encode s", "right")]
     for column, justify in columns:
         table.add_column(column, justify=justify, no_wrap=column in ("model", "dataset", "task", "metric"))  # type: ignore[arg-type]
@@ -48,6 +56,7 @@ def print_results(console: Console, results: list, output_dir: str) -> None:
                      *([r.language if first else ""] if show_language else []),
                      short_task(r.task) if first else "",
                      *([getattr(r, "variant", "") if first else ""] if show_variant else []), name, format_value(value) if name else "",
+                     *([format_interval(r.intervals.get(name))] if show_ci else []),
                      *([str(tied) if tied else ""] if show_ties else []),
                      str(r.n_samples) if first and r.n_samples else "", cache_state(r) if first else "",
                      f"{r.encode_seconds:.1f}" if first else ""]

@@ -96,6 +96,8 @@ class EvaluateParams(BaseModel):
     retrieval_metrics: list[RetrievalMetric] = Field(
         default_factory=lambda: list[RetrievalMetric](["recall"]), min_length=1,
         description="retrieval metric families: recall@k (clip_benchmark's), mrr@k, ndcg@k, rank (mean/median)")
+    bootstrap: int = Field(ScoreSettings.bootstrap, ge=0, description="bootstrap resamples of each metric's 95% "
+                                                                       "interval (0: no intervals)")
     # task options: default, constraints and help from the tasks' Options models
     ties: Ties = task_option(ZeroShotRetrieval, "ties")
     train_split: str = task_option(LinearProbe, "train_split")
@@ -275,7 +277,8 @@ class EvaluateParams(BaseModel):
             task=self.task, source=source, languages=tuple(self.language),
             prompts=PromptSettings(classnames=self.classnames, templates=self.templates),
             encode=EncodeSettings(self.batch_size, self.num_workers, self.on_bad_image, cached_only),
-            score=ScoreSettings(tuple(self.recall_k), tuple(self.retrieval_metrics), batch_size=self.batch_size),
+            score=ScoreSettings(tuple(self.recall_k), tuple(self.retrieval_metrics), batch_size=self.batch_size,
+                                bootstrap=self.bootstrap),
             options=self.option_values(),
             output=OutputSettings(output_dir=self.output_dir, template=self.output, skip_existing=self.skip_existing,
                                   dump_classnames=self.dump_classnames, dump_templates=self.dump_templates),

@@ -50,6 +50,7 @@ class PairResult:
     language: str = "en"
     metrics: dict[str, float] = field(default_factory=dict)
     tied: dict[str, int] = field(default_factory=dict)
+    intervals: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # metric -> 95% interval
     n_samples: int = 0
     status: str = "done"  # done | skipped
     cache_hit: bool = False
@@ -214,6 +215,7 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, 
                            output_dir=shared.output.output_dir, output_template=shared.output.template, dumps=dumps,
                            evidence=scored.evidence)
         result.metrics, result.tied, result.n_samples = scored.metrics, scored.tied, scored.n_samples
+        result.intervals = scored.evidence.all_intervals() if scored.evidence is not None else {}
         result.cache_hit, result.resumed = encoded.cache_hit, encoded.resumed
         result.model_loaded = session.loads > loads_before or bool(sharded)  # sharded: the workers loaded it
         result.encode_seconds = encode_seconds

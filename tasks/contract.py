@@ -104,6 +104,7 @@ class ScoreSettings:
     device: str = "cpu"
     batch_size: int = BATCH_SIZE  # clip_benchmark computes logits per data-loader batch: same blocks, same bits
     options: TaskOptions | None = None  # the task's options (TaskOptions.of); None: its defaults
+    bootstrap: int = 1000  # resamples of the metrics' 95% intervals (0: none); not part of an experiment's identity
 
 
 @dataclass(frozen=True)

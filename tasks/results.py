@@ -151,12 +151,13 @@ def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, *,
     ``evidence``: the per-sample rows (written first; like the metric rows, the run row commits them) and the
     metrics' intervals (in the JSON and the metric rows)."""
     dumps = dumps or {}
-    intervals = evidence.intervals if evidence is not None else {}
+    intervals = evidence.all_intervals() if evidence is not None else {}
     paths: list[Path] = []
-    if evidence is not None and evidence.columns:
-        paths.append(write_sample_rows(output_dir, run.run_id, created_at=run.created_at, experiment_id=experiment.id,
-                                       task=experiment.task, unit=evidence.unit, columns=evidence.columns,
-                                       keys=evidence.keys))
+    for part in evidence.parts() if evidence is not None else []:
+        if part.columns:
+            paths.append(write_sample_rows(output_dir, run.run_id, created_at=run.created_at,
+                                           experiment_id=experiment.id, task=experiment.task, unit=part.unit,
+                                           columns=part.columns, keys=part.keys))
     payload = result_payload(spec, experiment, metrics, n_samples, tied)
     if intervals:
         payload["intervals"] = {name: list(bounds) for name, bounds in intervals.items()}

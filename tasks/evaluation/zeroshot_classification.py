@@ -63,6 +63,7 @@ class ZeroShotClassification(EvalTask):
                                                    n_classes=encoded.info["n_classes"],
                                                    n_templates=encoded.info["n_templates"], settings=settings,
                                                    n_samples=prepared.n_samples, keep_samples=True)
-        evidence = classification_evidence(samples, encoded.info["n_classes"]) if samples else None
+        evidence = classification_evidence(samples, encoded.info["n_classes"],
+                                                                  resamples=settings.bootstrap) if samples else None
         return Scored(metrics, n, seconds=time.perf_counter() - started, evidence=evidence)
 

@@ -22,6 +22,18 @@ class Evidence:
     columns: dict[str, np.ndarray]  # SAMPLE_SCHEMA's columns, one array each
     keys: list[str] | None = None  # the samples' own names, when the dataset has them
     intervals: dict[str, Interval] = field(default_factory=dict)  # flat metric name -> 95% interval
+    # the experiment's rows of other units (retrieval: the image queries beside the text queries), each written as
+    # rows of its own unit; their intervals are merged into the experiment's
+    more: list[Evidence] = field(default_factory=list)
+
+    def parts(self) -> list[Evidence]:
+        return [self, *self.more]
+
+    def all_intervals(self) -> dict[str, Interval]:
+        merged: dict[str, Interval] = {}
+        for part in self.parts():
+            merged.update(part.intervals)
+        return merged
 
 
 def classification_evidence(samples: dict[str, np.ndarray], n_classes: int, *, resamples: int = DEFAULT_RESAMPLES,
