@@ -37,8 +37,12 @@ def run_task(task_cfg: dict[str, Any] | str) -> list[dict[str, Any]]:
 
 
 def connect(output_dir: str = "outputs"):
-    """A DuckDB connection with the views ``leaderboard``, ``metrics``, ``metrics_all`` and ``runs`` over the results
-    under ``output_dir`` (storage/warehouse.py)."""
+    """A DuckDB connection with the views ``leaderboard``, ``metrics``, ``metrics_all``, ``runs``, ``samples`` and
+    ``latest_samples`` over the results under ``output_dir`` (storage/warehouse.py), and the suites' table and views
+    ``suite_datasets``, ``suite_results``, ``suite_scores`` (tasks/suites/sql.py)."""
     from clipcache.storage.warehouse import connect as _connect
+    from clipcache.tasks.suites.sql import register
 
-    return _connect(output_dir)
+    con = _connect(output_dir)
+    register(con)
+    return con

@@ -150,6 +150,13 @@ def params_from_args(args: argparse.Namespace) -> Any:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     params = params_from_args(args)
+    if params.suite:
+        from clipcache.tasks.suites import load_suite
+
+        skipped = [e.dataset for e in load_suite(params.suite).datasets if not e.runnable]
+        if skipped:
+            out().print(f"suite {params.suite}: not evaluated (no reader in clipcache yet): {', '.join(skipped)}; "
+                        f"its suite score stays partial without them", highlight=False)
     from clipcache.tasks.progress import StageProgress
 
     with StageProgress(enabled=params.verbose).status("starting: loading torch and the pipeline"):
@@ -252,6 +259,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from clipcache.flows.cli_compare import add_compare_parser
 
     add_compare_parser(sub)
+    from clipcache.flows.cli_suite import add_suite_parser
+
+    add_suite_parser(sub)
     add_results_parser(sub)
     add_report_parser(sub)
     add_catalog_parsers(sub)

@@ -92,6 +92,9 @@ def run_query(args: argparse.Namespace) -> int:
     if out is not None and not out.parent.is_dir():
         raise ConfigError(f"--out: folder {out.parent} does not exist")
     warehouse = open_warehouse(args.output_dir, read_only=not args.allow_writes)
+    from clipcache.tasks.suites.sql import register
+
+    register(warehouse.con)  # suite_datasets, suite_results, suite_scores
     problems = warehouse.problems_for(args.sql)
     if problems:
         raise ResultsError(f"{problems[0]}; move it out of the warehouse (`clipcache results verify` lists every "

@@ -76,6 +76,8 @@ class EvaluateParams(BaseModel):
                                                           "sugar_crepe) or a file of names")
     dataset_root: str | None = Field(None, description="dataset folder, or a template with {dataset} / "
                                                        "{dataset_cleaned}; for custom: the folder with "
+    suite: str | None = Field(None, description="a suite (clipcache suite list, or a suite .yaml file): its datasets "
+                                                "are evaluated, each with its own task, besides any --dataset")
                                                        "image_queries.jsonl; for text_retrieval: a BEIR folder")
     hub: Literal["huggingface", "modelscope"] = Field(
         "huggingface", description="where hosted datasets named without dataset_root are downloaded from")
@@ -145,6 +147,33 @@ class EvaluateParams(BaseModel):
     @field_validator("split", "train_split", "val_split")
     @classmethod
     def _plain_split(cls, value: str | None) -> str | None:
+    @model_validator(mode="before")
+    @classmethod
+    def _suite_datasets(cls, data: Any) -> Any:
+        """--suite adds the suite's datasets (those clipcache can read; `clipcache suite show` lists the others)."""
+        if isinstance(data, dict) and data.get("suite"):
+            from clipcache.tasks.suites import load_suite
+
+            suite = load_suite(data["suite"])
+            if data.get("task", "auto") != "auto":
+                raise ConfigError("task: a suite runs each of its datasets with the suite's own task; leave --task "
+                                  "out (auto)")
+            for e in suite.runnable():
+                for what, value, default in (("split", e.split, "test"), ("language", e.language, "en")):
+                    given = data.get(what) or default
+                    if value != (given[0] if isinstance(given, list) and len(given) == 1 else given):
+                        raise ConfigError(f"{what}: suite {suite.name} evaluates {e.dataset} with {what} {value}, "
+                                          f"not {given}; run it without --{what}")
+            from clipcache.tasks.datasets import default_task
+
+            for e in suite.runnable():
+                if e.task != "auto" and (own := default_task(e.dataset, data.get("dataset_root"))) != e.task:
+                    raise ConfigError(f"suite {suite.name}: {e.dataset} is listed with task {e.task}, but `eval "
+                                      f"--suite` runs each dataset's own task ({own})")
+            names = [e.dataset for e in suite.runnable()]
+            data = {**data, "datasets": list(dict.fromkeys([*(data.get("datasets") or []), *names]))}
+        return data
+
         return plain_name(value)
 
     @field_validator("output")

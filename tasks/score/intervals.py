@@ -41,6 +41,15 @@ def bootstrap(statistic: Statistic, n: int, *, resamples: int = DEFAULT_RESAMPLE
     return np.concatenate([statistic(idx) for idx in _blocks(n, resamples, seed)])
 
 
+def paired_draws(statistic: Statistic, n: int, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> np.ndarray:
+    """The statistic on ``resamples`` seeded index resamples of n units, always drawn as index vectors: two
+    statistics over the same units with the same seed see the same resamples (a paired bootstrap across calls, which
+    the binomial shortcut of :func:`bootstrap` would not give)."""
+    if n == 0 or resamples <= 0:
+        return np.empty(0)
+    return np.concatenate([statistic(idx) for idx in _blocks(n, resamples, seed)])
+
+
 def percentile_interval(draws: np.ndarray, level: float = 0.95) -> tuple[float | None, float | None]:
     """The central ``level`` interval of the bootstrap draws (NaN draws, e.g. an empty class, are left out)."""
     draws = draws[~np.isnan(draws)]

@@ -1,0 +1,145 @@
+"""``clipcache suite list | show <suite> | score <suite>``: suites of datasets and their honest averages.
+
+Running a suite is ``clipcache eval --suite <suite> --model ...`` (what is cached is not recomputed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_suite_parser(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("suite", help="suites of datasets (DataComp, VTAB, clip_benchmark collections) and their scores",
+                       description="A suite lists datasets with their main metric and chance score. `suite score` "
+                                   "averages the main metrics over the whole suite from the warehouse (a partial "
+                                   "score is labelled so and lists what is missing), with 95%% bootstrap intervals "
+                                   "from the per-sample rows and the models whose order is not separable at 5%%. "
+                                   "Run a suite with `clipcache eval --suite NAME --model ...`.")
+    actions = s.add_subparsers(dest="suite_command", required=True)
+    actions.add_parser("list", help="the shipped suites").set_defaults(handler=run_list)
+    show = actions.add_parser("show", help="a suite's datasets, main metrics and chance scores")
+    show.add_argument("suite", help="a shipped suite's name or a suite .yaml file")
+    show.set_defaults(handler=run_show)
+    score = actions.add_parser("score", help="the suite's score per model, from the warehouse")
+    score.add_argument("suite", help="a shipped suite's name or a suite .yaml file")
+    score.add_argument("--output_dir", "--output-dir", dest="output_dir", default="outputs")
+    score.add_argument("--model", nargs="+", default=None, help="only these models (model or model/pretrained)")
+    score.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (0: no intervals)")
+    score.add_argument("--seed", type=int, default=0, help="the bootstrap's seed")
+    score.add_argument("--format", choices=["table", "json"], default="table")
+    score.set_defaults(handler=run_score)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from clipcache.tasks.suites import load_suite, shipped
+
+    table = Table(title="suites")
+    for column in ("suite", "datasets", "runnable here", "description"):
+        table.add_column(column)
+    for name in shipped():
+        suite = load_suite(name)
+        table.add_row(name, str(len(suite.datasets)), str(len(suite.runnable())), suite.description)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from clipcache.tasks.suites import load_suite
+
+    suite = load_suite(args.suite)
+    table = Table(title=f"{suite.name}: {suite.description}")
+    for column in ("dataset", "name", "task", "main metric", "chance", "size", "tags", "note"):
+        table.add_column(column)
+    for e in suite.datasets:
+        table.add_row(e.dataset, e.name or "", e.task, e.main_metric, "" if e.chance is None else f"{e.chance:.4f}",
+                      "" if e.size is None else str(e.size), ", ".join(e.tags),
+                      ("not runnable here; " if not e.runnable else "") + (e.note or ""))
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(table)
+    if suite.source:
+        console.print(f"source: {suite.source}")
+    return 0
+
+
+def _fmt(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
+def _interval(bounds: tuple[float | None, float | None]) -> str:
+    return "" if bounds[0] is None or bounds[1] is None else f"[{bounds[0]:.4f}, {bounds[1]:.4f}]"
+
+
+def score_payload(suite: Any, scores: list[Any]) -> list[dict[str, Any]]:
+    return [{"suite": suite.name, "model": s.model[0], "pretrained": s.model[1], "checkpoint": s.model[2],
+             "precision": s.model[3], "complete": s.complete, "score": s.score,
+             "score_ci": list(s.score_ci), "normalized": s.normalized, "normalized_ci": list(s.normalized_ci),
+             "partial_score": None if s.complete else s.partial_score,
+             "datasets_present": len(s.present), "datasets": len(s.results),
+             "missing": [e.dataset for e in s.missing], "rank": s.rank, "not_separable_from": s.not_separable_from,
+             "groups": s.groups,
+             "per_dataset": [{"dataset": r.entry.dataset, "main_metric": r.entry.main_metric, "value": r.value,
+                              "chance": r.entry.chance, "normalized": r.normalized,
+                              "experiment_id": r.experiment_id} for r in s.results]}
+            for s in scores]
+
+
+def run_score(args: argparse.Namespace) -> int:
+    from clipcache.flows.cli_query import check_output_dir
+    from clipcache.storage.errors import ConfigError
+    from clipcache.storage.warehouse import connect
+    from clipcache.tasks.suites import load_suite
+    from clipcache.tasks.suites.scoring import score_suite
+
+    if args.bootstrap < 0:
+        raise ConfigError("--bootstrap: give 0 (no intervals) or more resamples")
+    suite = load_suite(args.suite)
+    check_output_dir(args.output_dir)
+    scores = score_suite(connect(args.output_dir), suite, resamples=args.bootstrap, seed=args.seed,
+                         models=args.model)
+    if args.format == "json":
+        json.dump(score_payload(suite, scores), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    if not scores:
+        console.print(f"no results for any dataset of suite {suite.name} under {args.output_dir}: run "
+                      f"`clipcache eval --suite {args.suite} --model ...` first")
+        return 0
+    table = Table(title=f"suite {suite.name} ({len(suite.datasets)} datasets)")
+    for column in ("rank", "model", "score", "95% interval", "normalized", "95% interval ", "datasets",
+                   "not separable from (5%)"):
+        table.add_column(column, justify="left" if column.startswith(("model", "not")) else "right")
+    for s in sorted(scores, key=lambda s: (s.rank is None, s.rank or 0, -(s.partial_score or 0))):
+        if s.complete:
+            score = _fmt(s.score)
+        else:
+            score = f"partial {_fmt(s.partial_score)}"
+        table.add_row("" if s.rank is None else str(s.rank), s.label, score, _interval(s.score_ci),
+                      _fmt(s.normalized), _interval(s.normalized_ci), f"{len(s.present)}/{len(s.results)}",
+                      ", ".join(s.not_separable_from))
+    console.print(table)
+    for s in scores:
+        if not s.complete:
+            names = [e.dataset for e in s.missing]
+            shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+            console.print(f"{s.label}: partial: {len(names)} of {len(s.results)} datasets have no current result "
+                          f"({shown}); the partial score is the mean over the other {len(s.present)} and is not "
+                          f"comparable with a full suite score")
+        elif s.score_ci[0] is None:
+            why = sorted({f"{r.entry.dataset}: {r.why_no_draws}" for r in s.results if r.why_no_draws})
+            if why and args.bootstrap:
+                console.print(f"{s.label}: no interval ({'; '.join(why[:3])})")
+        if s.groups and any(v is not None for v in s.groups.values()):
+            console.print(f"{s.label}: " + ", ".join(f"{g} {_fmt(v) or 'n/a'}" for g, v in s.groups.items()))
+    return 0

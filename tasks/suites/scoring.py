@@ -1,0 +1,248 @@
+"""Suite scores from the warehouse: honest averages with bootstrap intervals and a rank stability check.
+
+For each model (model, checkpoint, precision) with a result on some dataset of the suite:
+
+- the main metric of every dataset is read from the ``leaderboard`` view (its newest full, default-prompt result);
+  a main metric made of several rows (``mean_recall@1``: both directions) is their mean;
+- the suite score is the mean of the main metrics over **every** dataset of the suite. With one missing it is not
+  computed: the missing datasets are listed and a partial mean over the present ones is given, labelled partial;
+- the normalised score is the mean of (score - chance) / (1 - chance) (0: chance, 1: perfect), under the same rule;
+- each with a 95% percentile-bootstrap interval: every dataset's samples are resampled on their own (the per-sample
+  rows of the result's run), the main metric recomputed on each resample, and the suite mean taken per resample.
+  Resamples are seeded per dataset, so two models over the same samples see the same resamples: the difference of
+  their suite scores is a paired bootstrap, and two models whose difference interval covers 0 are reported as not
+  separable at the 5% level (rank stability).
+
+A dataset without per-sample rows (a result older than them, or a metric they cannot recompute) has no resamples: the
+interval is then left out and the reason given, never replaced by a narrower one.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from clipcache.tasks.score.intervals import (
+    DEFAULT_RESAMPLES,
+    class_recall_statistic,
+    mean_statistic,
+    paired_draws,
+    percentile_interval,
+)
+from clipcache.tasks.suites import Suite, SuiteEntry
+
+Interval = tuple[float | None, float | None]
+ModelKey = tuple[str, str | None, str | None, str | None]  # model, pretrained, checkpoint, precision
+
+
+@dataclass
+class DatasetResult:
+    entry: SuiteEntry
+    value: float | None = None
+    experiment_id: str | None = None
+    draws: np.ndarray | None = None  # the main metric on each resample; None: no per-sample rows to resample
+    why_no_draws: str | None = None
+
+    @property
+    def normalized(self) -> float | None:
+        if self.value is None or self.entry.chance is None:
+            return None
+        return (self.value - self.entry.chance) / (1 - self.entry.chance)
+
+
+@dataclass
+class ModelScore:
+    model: ModelKey
+    results: list[DatasetResult]
+    score_ci: Interval = (None, None)
+    normalized_ci: Interval = (None, None)
+    rank: int | None = None
+    not_separable_from: list[str] = field(default_factory=list)
+    groups: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        model, pretrained, _, precision = self.model
+        return model + (f" @ {pretrained}" if pretrained else "") + (
+            f" [{precision}]" if precision not in (None, "fp32") else "")
+
+    @property
+    def missing(self) -> list[SuiteEntry]:
+        return [r.entry for r in self.results if r.value is None]
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+    @property
+    def present(self) -> list[DatasetResult]:
+        return [r for r in self.results if r.value is not None]
+
+    @property
+    def score(self) -> float | None:
+        """The suite score: only when every dataset has a result."""
+        return self.partial_score if self.complete else None
+
+    @property
+    def partial_score(self) -> float | None:
+        values = [r.value for r in self.present if r.value is not None]
+        return float(np.mean(values)) if values else None
+
+    @property
+    def normalized(self) -> float | None:
+        values = [r.normalized for r in self.results]
+        if not self.complete or any(v is None for v in values):
+            return None
+        return float(np.mean([v for v in values if v is not None]))
+
+    def suite_draws(self, normalized: bool = False) -> np.ndarray | None:
+        """The suite mean on each resample; None unless every dataset has a result and resamples."""
+        if not self.complete or any(r.draws is None for r in self.results):
+            return None
+        rows = []
+        for r in self.results:
+            assert r.draws is not None
+            if normalized:
+                if r.entry.chance is None:
+                    return None
+                rows.append((r.draws - r.entry.chance) / (1 - r.entry.chance))
+            else:
+                rows.append(r.draws)
+        return np.mean(np.vstack(rows), axis=0)
+
+
+def _seed(dataset: str, unit: str, seed: int) -> int:
+    return (zlib.crc32(f"{dataset}\0{unit}".encode()) + seed) % (2**32)
+
+
+def _leaderboard_rows(con: Any, suite: Suite) -> list[dict[str, Any]]:
+    names = sorted({e.dataset for e in suite.datasets})
+    placeholders = ", ".join("?" for _ in names)
+    cursor = con.execute(
+        "SELECT model, pretrained, checkpoint, precision, dataset, split, language, task, metric, k, value, "
+        f"experiment_id FROM leaderboard WHERE dataset IN ({placeholders})", names)
+    columns = [d[0] for d in cursor.description]
+    return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+
+
+def _main_value(entry: SuiteEntry, rows: list[dict[str, Any]]) -> tuple[float | None, str | None]:
+    """(the entry's main metric, its experiment) from one model's leaderboard rows, None when a part is missing."""
+    parts = entry.metric_parts()
+    mine = [r for r in rows if r["dataset"] == entry.dataset and r["split"] == entry.split
+            and r["language"] == entry.language and (entry.task == "auto" or r["task"] == entry.task)]
+    values = []
+    experiments = set()
+    for metric, k in parts:
+        found = [r for r in mine if r["metric"] == metric and r["k"] == k and r["value"] is not None]
+        if not found:
+            return None, None
+        newest = found[0]
+        values.append(float(newest["value"]))
+        experiments.add(newest["experiment_id"])
+    if len(experiments) != 1:  # both parts must come from one experiment
+        return None, None
+    return float(np.mean(values)), experiments.pop()
+
+
+def _samples(con: Any, experiment_id: str, unit: str | None) -> dict[str, np.ndarray]:
+    where = "experiment_id = ?" + (" AND unit = ?" if unit else "")
+    params = [experiment_id, unit] if unit else [experiment_id]
+    columns = [c[0] for c in con.execute("DESCRIBE latest_samples").fetchall()]
+    wanted = [c for c in ("unit", "sample_index", "target", "prediction", "correct1", "correct5", "hits_at")
+              if c in columns]
+    cursor = con.execute(f"SELECT {', '.join(wanted)} FROM latest_samples WHERE {where} ORDER BY sample_index",
+                         params)
+    rows = cursor.fetchall()
+    return {name: np.array([r[i] for r in rows], dtype=object) for i, name in enumerate(wanted)}
+
+
+def _draws(con: Any, result: DatasetResult, resamples: int, seed: int) -> None:
+    """The main metric recomputed on every resample of the result's samples (into ``result.draws``)."""
+    entry, experiment = result.entry, result.experiment_id
+    assert experiment is not None
+    parts = entry.metric_parts()
+    metric, k = parts[0]
+    if len(parts) == 2 and metric == "image_retrieval_recall" and k is not None:
+        per_unit = []
+        for unit in ("text_query", "image_query"):
+            rows = _samples(con, experiment, unit)
+            if "hits_at" not in rows or not len(rows["hits_at"]):
+                result.why_no_draws = "no per-query rows with hits"
+                return
+            hits = np.array([k in (h if h is not None else ()) for h in rows["hits_at"]], dtype=np.float64)
+            per_unit.append(paired_draws(mean_statistic(hits), len(hits), resamples=resamples,
+                                         seed=_seed(entry.dataset, unit, seed)))
+        result.draws = (per_unit[0] + per_unit[1]) / 2
+        return
+    rows = _samples(con, experiment, "image")
+    if "target" not in rows or not len(rows["target"]):
+        result.why_no_draws = "no per-sample rows"
+        return
+    n = len(rows["target"])
+    rng_seed = _seed(entry.dataset, "image", seed)
+    if (metric, k) in (("acc", 1), ("acc", 5)) and rows.get(f"correct{k}") is not None \
+            and not any(v is None for v in rows[f"correct{k}"]):
+        correct = rows[f"correct{k}"].astype(np.float64)
+        result.draws = paired_draws(mean_statistic(correct), n, resamples=resamples, seed=rng_seed)
+    elif metric == "mean_per_class_recall":
+        target = rows["target"].astype(np.int64)
+        right = rows["prediction"].astype(np.int64) == target
+        statistic = class_recall_statistic(target, right, int(target.max()) + 1)
+        result.draws = paired_draws(statistic, n, resamples=resamples, seed=rng_seed)
+    else:
+        result.why_no_draws = f"{entry.main_metric} is not recomputed from sample rows"
+
+
+def score_suite(con: Any, suite: Suite, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                models: list[str] | None = None) -> list[ModelScore]:
+    """One :class:`ModelScore` per model with a result on some dataset of the suite, ranked when complete."""
+    by_model: dict[ModelKey, list[dict[str, Any]]] = {}
+    for row in _leaderboard_rows(con, suite):
+        key = (row["model"], row["pretrained"], row["checkpoint"], row["precision"])
+        if models and row["model"] not in models and f"{row['model']}/{row['pretrained']}" not in models:
+            continue
+        by_model.setdefault(key, []).append(row)
+    scores = []
+    for key, rows in sorted(by_model.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        results = []
+        for entry in suite.datasets:
+            value, experiment = _main_value(entry, rows)
+            result = DatasetResult(entry, value, experiment)
+            if value is not None and resamples > 0:
+                _draws(con, result, resamples, seed)
+            results.append(result)
+        score = ModelScore(key, results)
+        for name, draws_of in (("score_ci", score.suite_draws(False)), ("normalized_ci", score.suite_draws(True))):
+            if draws_of is not None:
+                setattr(score, name, percentile_interval(draws_of))
+        score.groups = {group: _group_mean(score, members) for group, members in suite.groups.items()}
+        scores.append(score)
+    rank_models(scores)
+    return scores
+
+
+def _group_mean(score: ModelScore, members: list[str]) -> float | None:
+    values = [r.value for r in score.results if r.entry.dataset in members]
+    return None if any(v is None for v in values) else float(np.mean([v for v in values if v is not None]))
+
+
+def rank_models(scores: list[ModelScore], level: float = 0.95) -> None:
+    """Ranks of the complete models by suite score, and for each the models it is not separable from: the paired
+    bootstrap interval of the difference of their suite scores covers 0 (or no interval can be made)."""
+    complete = sorted((s for s in scores if s.score is not None), key=lambda s: -(s.score or 0.0))
+    for i, s in enumerate(complete, start=1):
+        s.rank = i
+    for a in complete:
+        for b in complete:
+            if a is b:
+                continue
+            da, db = a.suite_draws(), b.suite_draws()
+            if da is None or db is None or len(da) != len(db):
+                a.not_separable_from.append(b.label)
+                continue
+            low, high = percentile_interval(da - db, level)
+            if low is None or high is None or low <= 0 <= high:
+                a.not_separable_from.append(b.label)
