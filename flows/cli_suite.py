@@ -30,6 +30,25 @@ def add_suite_parser(sub: argparse._SubParsersAction) -> None:
     score.add_argument("--seed", type=int, default=0, help="the bootstrap's seed")
     score.add_argument("--format", choices=["table", "json"], default="table")
     score.set_defaults(handler=run_score)
+    export = actions.add_parser("export", help="the suite's results as open_clip's CSVs or DataComp's JSONL")
+    export.add_argument("suite", help="a shipped suite's name or a suite .yaml file")
+    export.add_argument("--format", required=True, choices=["openclip", "openclip_retrieval", "datacomp"],
+                        help="openclip: openclip_results.csv columns; openclip_retrieval: "
+                             "openclip_retrieval_results.csv columns; datacomp: DataComp's eval_results.jsonl "
+                             "(one --model)")
+    export.add_argument("--out", required=True, help="file to write (never inside the warehouse)")
+    export.add_argument("--output_dir", "--output-dir", dest="output_dir", default="outputs")
+    export.add_argument("--model", nargs="+", default=None, help="only these models (model or model/pretrained)")
+    export.set_defaults(handler=run_export)
+    check = actions.add_parser("check", help="a published table (open_clip's CSV, your paper's numbers) against "
+                                             "our values and intervals")
+    check.add_argument("suite", help="a shipped suite's name or a suite .yaml file")
+    check.add_argument("--published", required=True, help="CSV with name, pretrained and one column per dataset "
+                                                          "(display name or dataset name)")
+    check.add_argument("--output_dir", "--output-dir", dest="output_dir", default="outputs")
+    check.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of our intervals")
+    check.add_argument("--format", choices=["table", "json"], default="table")
+    check.set_defaults(handler=run_check)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -142,4 +161,79 @@ def run_score(args: argparse.Namespace) -> int:
                 console.print(f"{s.label}: no interval ({'; '.join(why[:3])})")
         if s.groups and any(v is not None for v in s.groups.values()):
             console.print(f"{s.label}: " + ", ".join(f"{g} {_fmt(v) or 'n/a'}" for g, v in s.groups.items()))
+    return 0
+
+
+def _scores(args: argparse.Namespace, resamples: int) -> tuple[Any, Any, list[Any]]:
+    from clipcache.flows.cli_query import check_output_dir
+    from clipcache.storage.warehouse import connect
+    from clipcache.tasks.suites import load_suite
+    from clipcache.tasks.suites.scoring import score_suite
+
+    suite = load_suite(args.suite)
+    check_output_dir(args.output_dir)
+    con = connect(args.output_dir)
+    return suite, con, score_suite(con, suite, resamples=resamples, models=getattr(args, "model", None))
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from clipcache.storage.atomic import atomic_write_text
+    from clipcache.storage.errors import ConfigError
+    from clipcache.storage.warehouse import check_export_path
+    from clipcache.tasks.suites import exports
+
+    out = check_export_path(args.out, args.output_dir)
+    if not Path(out).parent.is_dir():
+        raise ConfigError(f"--out: folder {Path(out).parent} does not exist")
+    suite, con, scores = _scores(args, resamples=0)
+    if not scores:
+        raise ConfigError(f"no results for any dataset of suite {suite.name} under {args.output_dir}")
+    if args.format == "openclip":
+        text = exports.openclip_csv(suite, scores)
+    elif args.format == "openclip_retrieval":
+        text = exports.openclip_retrieval_csv(con, suite, scores)
+    else:
+        if len(scores) != 1:
+            raise ConfigError(f"--format datacomp: DataComp's file holds one model; {len(scores)} have results "
+                              f"({', '.join(s.label for s in scores)}): choose one with --model")
+        text = exports.datacomp_jsonl(con, scores[0])
+    atomic_write_text(Path(out), text)
+    print(f"wrote {out} ({len(scores)} model(s), suite {suite.name})")
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from clipcache.storage.errors import ConfigError
+    from clipcache.tasks.suites.exports import check_published
+
+    if args.bootstrap < 0:
+        raise ConfigError("--bootstrap: give 0 (no intervals) or more resamples")
+    suite, _, scores = _scores(args, resamples=args.bootstrap)
+    rows = check_published(suite, scores, Path(args.published))
+    if args.format == "json":
+        json.dump([{**r.__dict__, "difference": r.difference, "verdict": r.verdict} for r in rows], sys.stdout,
+                  indent=1)
+        sys.stdout.write("\n")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    if not rows:
+        console.print(f"no row of {args.published} is a model with results here (matched on name and pretrained)")
+        return 0
+    table = Table(title=f"{args.published} vs our results (suite {suite.name})")
+    for column in ("model", "dataset", "ours", "published", "difference", "our 95% interval", "verdict"):
+        table.add_column(column, justify="left" if column in ("model", "dataset", "verdict") else "right")
+    for r in rows:
+        table.add_row(r.model + (f" @ {r.pretrained}" if r.pretrained else ""), r.dataset, _fmt(r.ours),
+                      _fmt(r.published), "" if r.difference is None else f"{r.difference:+.4f}",
+                      _interval((r.ci_low, r.ci_high)), r.verdict)
+    console.print(table)
+    outside = sum(r.verdict == "outside our interval" for r in rows)
+    console.print(f"{outside} of {len(rows)} published values lie outside our 95% interval")
     return 0

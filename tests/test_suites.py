@@ -211,3 +211,54 @@ def test_suite_score_cli_json(evaluated, capsys):
     partial = next(p for name, p in payload.items() if name != "tiny-shapes-clip")
     assert partial["score"] is None and partial["partial_score"] is not None
     assert partial["missing"] == ["shapes_retrieval"]
+
+
+def test_exports_in_open_clips_and_datacomps_layouts(evaluated, tmp_path, capsys):
+    out = tmp_path / "openclip_results.csv"
+    code, _, err = run_cli(["suite", "export", "shapes", "--format", "openclip", "--out", str(out), "--output_dir",
+                            str(evaluated)], capsys)
+    assert code == 0, err
+    lines = out.read_text().splitlines()
+    assert lines[0] == "name,pretrained,Average perf. on 2 datasets,Shapes,Shapes retrieval"
+    base = next(line.split(",") for line in lines[1:] if line.startswith("tiny-shapes-clip,"))
+    partial = next(line.split(",") for line in lines[1:] if not line.startswith("tiny-shapes-clip,"))
+    assert base[2] and float(base[2]) == pytest.approx((float(base[3]) + float(base[4])) / 2, abs=1e-4)
+    assert partial[2] == "" and partial[4] == ""  # an incomplete suite has no average, not a partial one
+    code, _, err = run_cli(["suite", "export", "shapes", "--format", "datacomp", "--out", str(tmp_path / "x.jsonl"),
+                            "--output_dir", str(evaluated)], capsys)
+    assert_refused(code, err, "choose one with --model")
+    code, _, err = run_cli(["suite", "export", "shapes", "--format", "datacomp", "--out", str(tmp_path / "x.jsonl"),
+                            "--output_dir", str(evaluated), "--model", "tiny-shapes-clip"], capsys)
+    assert code == 0, err
+    lines = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text().splitlines()]
+    assert [line["key"] for line in lines] == ["shapes", "shapes_retrieval"]
+    assert lines[0]["metrics"]["main_metric"] == lines[0]["metrics"]["acc1"]
+    retrieval = lines[1]["metrics"]
+    assert retrieval["main_metric"] == pytest.approx(
+        (retrieval["image_retrieval_recall@1"] + retrieval["text_retrieval_recall@1"]) / 2)
+    code, _, err = run_cli(["suite", "export", "shapes", "--format", "openclip", "--out",
+                            str(evaluated / "warehouse" / "x.csv"), "--output_dir", str(evaluated)], capsys)
+    assert_refused(code, err, "inside the results warehouse")
+
+
+def test_a_published_table_is_checked_against_our_values_and_intervals(evaluated, tmp_path, capsys):
+    con = connect(evaluated)
+    acc = con.execute("SELECT value FROM leaderboard WHERE model = 'tiny-shapes-clip' AND dataset = 'shapes' AND "
+                      "metric = 'acc' AND k = 1").fetchone()[0]
+    published = tmp_path / "paper.csv"
+    # in percent, as papers print them: one value ours to the digit, one far off, one model we never ran
+    published.write_text("name,pretrained,Shapes,Shapes retrieval\n"
+                         f"tiny-shapes-clip,,{acc * 100:.2f},5.0\nsome-other-model,x,50.0,5.0\n")
+    code, out, err = run_cli(["suite", "check", "shapes", "--published", str(published), "--output_dir",
+                              str(evaluated), "--format", "json", "--bootstrap", "200"], capsys)
+    assert code == 0, err
+    rows = {r["dataset"]: r for r in json.loads(out)}
+    assert set(rows) == {"shapes", "shapes_retrieval"}
+    assert rows["shapes"]["published"] == pytest.approx(acc, abs=1e-4) and rows["shapes"]["verdict"] == "within"
+    far = rows["shapes_retrieval"]
+    assert far["published"] == pytest.approx(0.05) and far["difference"] > 0.1
+    assert far["verdict"] in ("outside our interval", "no interval")  # no interval without per-query hit rows
+    published.write_text("name,pretrained,Nothing here\ntiny-shapes-clip,,1\n")
+    code, _, err = run_cli(["suite", "check", "shapes", "--published", str(published), "--output_dir",
+                            str(evaluated)], capsys)
+    assert_refused(code, err, "no column of")
