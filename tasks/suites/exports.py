@@ -119,7 +119,7 @@ def read_published(path: Path) -> tuple[list[str], list[dict[str, str]]]:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"--published: cannot read {path} ({e})") from None
     reader = csv.DictReader(io.StringIO(text))
-    header = reader.fieldnames or []
+    header = list(reader.fieldnames or [])
     if "name" not in header:
         raise ConfigError(f"--published: {path} has no 'name' column (open_clip's layout: name, pretrained, then "
                           f"one column per dataset)")
