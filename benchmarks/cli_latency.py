@@ -6,7 +6,9 @@
   layout) against `clip_benchmark eval` of the same pair from scratch (what a user of clip_benchmark waits for);
   targets: <= 3 s, and at most half of clip_benchmark's time;
 - a bad name (dataset, model, task) and a bad flag value failing with its suggestion (target <= 1.5 s);
-- `clipcache --help` (target <= 0.5 s).
+- `clipcache --help` (target <= 0.5 s);
+- importing torch alone, the floor of any rescore (its scoring runs torch's kernels, as clip_benchmark does, for
+  equal bits), and the rescore's time above it: on a slower machine the torch import grows and so does the rescore.
 Each command runs --repeat times in fresh processes (no Prefect server configured: the local orchestrator); the
 minimum and the median are printed.
 """
@@ -65,6 +67,10 @@ def main() -> None:
                     "--no_amp", *common, "--output", str(work / "cb_{dataset}.json")]
         peer = show("clip_benchmark eval of the same pair", timed(peer_cmd, max(2, args.repeat // 2), cwd=work))
         print(f"{'rescore / clip_benchmark':48s} {rescore / peer:.2f} (target <= 0.5)")
+        # the floor no rescore can go under: scoring runs torch (clip_benchmark's kernels, for equal bits)
+        floor = show("python -c 'import torch' (the floor)", timed([sys.executable, "-c", "import torch"],
+                                                                    args.repeat, cwd=work))
+        print(f"{'rescore above the torch import':48s} {rescore - floor:6.2f} s")
         for label, argv in (("bad dataset name", ["--dataset", "shpaes"]),
                             ("bad model name", ["--model", "tiny-shapes-clp", "--dataset", "shapes"]),
                             ("bad task", ["--task", "zeroshot_clasification", "--dataset", "shapes"]),

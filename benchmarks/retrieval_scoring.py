@@ -102,7 +102,7 @@ def score_child(cache: str, image_key: str, caption_key: str, device: str, repea
     best = float("inf")
     for _ in range(int(repeats)):
         start = time.perf_counter()
-        metrics, _, tied = score_retrieval(store, *refs, settings, ties="topk")
+        metrics, _, tied, _ = score_retrieval(store, *refs, settings, ties="topk")
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)

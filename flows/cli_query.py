@@ -180,9 +180,16 @@ def run_results(args: argparse.Namespace) -> int:
 
 
 def add_report_parser(sub: argparse._SubParsersAction) -> None:
-    r = sub.add_parser("report", help="build the dbt marts and write a static HTML report")
+    r = sub.add_parser("report", help="build the dbt marts and write a static HTML report (or, with --compare, "
+                                      "pages of the samples two experiments disagree on)")
     r.add_argument("--output_dir", "--output-dir", dest="output_dir", default="outputs")
-    r.add_argument("--out", default=None, help="HTML file (default: <output_dir>/report/index.html)")
+    r.add_argument("--out", default=None, help="HTML file (default: <output_dir>/report/index.html); with --compare "
+                                               "a folder (default: <output_dir>/report/compare/<A>-vs-<B>)")
+    r.add_argument("--compare", nargs=2, metavar=("A", "B"), default=None,
+                   help="two experiment ids (or unique prefixes), models or model@checkpoint, as `clipcache compare` "
+                        "takes them: per dataset they share, the samples that flipped each way, with thumbnails")
+    r.add_argument("--max_flips", "--max-flips", dest="max_flips", type=int, default=50,
+                   help="with --compare: flips listed each way per dataset (all are counted; default 50)")
     r.set_defaults(handler=run_report)
 
 
@@ -193,10 +200,15 @@ def run_report(args: argparse.Namespace) -> int:
     from clipcache.flows.params import validate
     from clipcache.flows.reporting import ReportParams
     from clipcache.storage.warehouse import check_export_path
+    from clipcache.tasks.report.compare_report import check_compare_folder
 
     if args.out:  # named by its flag here; ReportParams checks the same for deployments and Python calls
-        check_export_path(args.out, args.output_dir)
-    params = validate(ReportParams, {"output_dir": args.output_dir, "report_path": args.out})
+        if args.compare:
+            check_compare_folder(args.out, args.output_dir)
+        else:
+            check_export_path(args.out, args.output_dir)
+    params = validate(ReportParams, {"output_dir": args.output_dir, "report_path": args.out,
+                                     "compare": args.compare, "max_flips": args.max_flips})
     check_output_dir(args.output_dir)
     path = report(params)
     Console().print(f"report: {path}", highlight=False)

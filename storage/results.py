@@ -14,6 +14,7 @@ import json
 import math
 import os
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,31 @@ SAMPLE_SCHEMA = pa.schema([
     ("margin", pa.float64()),
     ("value", pa.float64()),
     ("schema_version", pa.int32()),
+    # retrieval: the requested k at which the query is a hit, exactly as the stored recall@k counts it (its tie rule);
+    # null in files written before it existed (they hold no retrieval rows)
+    ("hits_at", pa.list_(pa.int32())),
 ])
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """A list column whose rows differ in length (NumPy arrays): row i is ``values[offsets[i]:offsets[i + 1]]``."""
+
+    offsets: Any  # int32, one more than the rows
+    values: Any
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @classmethod
+    def from_mask(cls, mask: Any, labels: Any) -> Ragged:
+        """Row i lists ``labels[j]`` for every j where ``mask[i, j]``, in order (e.g. the ks at which a query hits)."""
+        import numpy as np
+
+        mask = np.asarray(mask, dtype=bool)
+        offsets = np.zeros(len(mask) + 1, dtype=np.int32)
+        np.cumsum(mask.sum(axis=1), out=offsets[1:])
+        return cls(offsets, np.broadcast_to(np.asarray(labels, dtype=np.int32), mask.shape)[mask])
 
 
 def new_run_id() -> str:
@@ -164,15 +189,32 @@ def write_run_row(output_dir: str | Path, row: dict[str, Any]) -> Path:
 
 def _from_numpy(values: Any, type_: pa.DataType) -> pa.Array:
     """An Arrow array over a NumPy array's buffer. pyarrow's converters (pa.array) import pandas, half a second of
-    every CLI call; buffers do not."""
+    every CLI call; buffers do not. A masked array's masked entries are nulls."""
     import numpy as np
 
+    validity = None
+    if isinstance(values, np.ma.MaskedArray):
+        present = ~np.ma.getmaskarray(values)
+        validity = pa.py_buffer(np.packbits(present, bitorder="little"))
+        values = values.filled(0)
     if pa.types.is_boolean(type_):
         bits = np.packbits(np.asarray(values, dtype=bool), bitorder="little")
-        return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(bits)])
+        return pa.Array.from_buffers(type_, len(values), [validity, pa.py_buffer(bits)])
     dtype = {pa.int64(): np.int64, pa.int32(): np.int32, pa.float64(): np.float64}.get(type_, np.int64)
     data = np.ascontiguousarray(values, dtype=dtype)
-    return pa.Array.from_buffers(type_, len(data), [None, pa.py_buffer(data)])
+    return pa.Array.from_buffers(type_, len(data), [validity, pa.py_buffer(data)])
+
+
+def _list_array(values: Any) -> pa.Array:
+    """A list<int32> column from a 2-D array (rows of one width) or a :class:`Ragged`."""
+    import numpy as np
+
+    if isinstance(values, Ragged):
+        offsets, flat = np.asarray(values.offsets, dtype=np.int32), values.values
+    else:
+        grid = np.ascontiguousarray(values, dtype=np.int32)
+        offsets, flat = np.arange(len(grid) + 1, dtype=np.int32) * grid.shape[1], grid.ravel()
+    return pa.ListArray.from_arrays(_from_numpy(offsets, pa.int32()), _from_numpy(flat, pa.int32()))
 
 
 def _strings(texts: list[str]) -> pa.Array:
@@ -187,7 +229,8 @@ def _strings(texts: list[str]) -> pa.Array:
 
 def write_sample_rows(output_dir: str | Path, run_id: str, *, created_at: datetime, experiment_id: str, task: str,
                       unit: str, columns: dict[str, Any], keys: list[str] | None = None) -> Path:
-    """Per-sample outcomes (NumPy arrays by column) as one Parquet file, Arrow built on the arrays' buffers."""
+    """Per-sample outcomes (NumPy arrays by column; a masked array's masked entries are nulls; a list column is a
+    2-D array or a :class:`Ragged`) as one Parquet file, Arrow built on the arrays' buffers."""
     import numpy as np
 
     n = len(next(iter(columns.values())))
@@ -204,11 +247,8 @@ def write_sample_rows(output_dir: str | Path, run_id: str, *, created_at: dateti
     for field in physical_schema(SAMPLE_SCHEMA):
         if field.name in fixed:
             arrays.append(fixed[field.name])
-        elif field.name == "top" and "top" in columns:
-            top = np.ascontiguousarray(columns["top"], dtype=np.int32)
-            offsets = np.arange(n + 1, dtype=np.int32) * top.shape[1]
-            arrays.append(pa.ListArray.from_arrays(_from_numpy(offsets, pa.int32()),
-                                                   _from_numpy(top.ravel(), pa.int32())))
+        elif pa.types.is_list(field.type) and field.name in columns:
+            arrays.append(_list_array(columns[field.name]))
         elif field.name in columns:
             arrays.append(_from_numpy(columns[field.name], field.type))
         else:

@@ -111,12 +111,14 @@ def _derived_views(con: duckdb.DuckDBPyConnection) -> None:
     # the sample rows of each experiment's latest completed run, and the samples two experiments disagree on
     con.execute("CREATE VIEW latest_samples AS SELECT * FROM samples "
                 "QUALIFY dense_rank() OVER (PARTITION BY experiment_id ORDER BY created_at DESC, run_id DESC) = 1")
+    # per unit (an image, a text or image query, a selection item): rows of other units share sample indices
     con.execute("CREATE MACRO sample_flips(baseline, candidate) AS TABLE "
-                "SELECT a.sample_index, a.sample_key, a.target, a.prediction AS baseline_prediction, "
+                "SELECT unit, a.sample_index, a.sample_key, a.target, a.prediction AS baseline_prediction, "
                 "b.prediction AS candidate_prediction, a.correct1 AS baseline_correct1, "
-                "b.correct1 AS candidate_correct1 FROM latest_samples a JOIN latest_samples b USING (sample_index) "
+                "b.correct1 AS candidate_correct1 FROM latest_samples a JOIN latest_samples b "
+                "USING (unit, sample_index) "
                 "WHERE a.experiment_id = baseline AND b.experiment_id = candidate AND a.correct1 <> b.correct1 "
-                "ORDER BY a.sample_index")
+                "ORDER BY unit, a.sample_index")
     con.execute(f"CREATE VIEW leaderboard AS SELECT {', '.join(LEADERBOARD_COLUMNS)} FROM metrics "
                 f"WHERE sample_limit IS NULL AND default_prompts AND task_options = '{{}}' "
                 f"QUALIFY dense_rank() OVER (PARTITION BY {', '.join(LEADERBOARD_GRAIN)} "
@@ -171,23 +173,30 @@ def check_read_only(sql: str) -> None:
 
 
 def check_export_path(out: str | os.PathLike, output_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
-                      flag: str = "--out") -> Path:
+                      flag: str = "--out", folder: bool = False) -> Path:
     """``out`` as a path to write an export or a report to, or ConfigError: never a file inside the warehouse or the
     embedding cache (symlinks followed: an export written there would replace results or cache entries, or read as
-    one), never a folder."""
+    one), never a folder. With ``folder``, ``out`` is a folder the caller replaces as a whole: it must not be a file,
+    and it must not hold the warehouse or the cache either."""
     target = Path(out)
     resolved = target.resolve()
     shown = f"{target} (-> {resolved})" if resolved != target.absolute() else str(target)
     protected = [("the results warehouse", warehouse_dir(output_dir))]
     if cache_dir is not None:
         protected.append(("the embedding cache", as_path(cache_dir)))
-    for what, folder in protected:
-        if is_remote(folder):
+    for what, place in protected:
+        if is_remote(place):
             continue  # a local file cannot land in a bucket
-        folder = Path(folder).resolve()
-        if resolved == folder or resolved.is_relative_to(folder):
-            raise ConfigError(f"{flag}: {shown} is inside {what} ({folder}); write it elsewhere, it would replace "
+        place = Path(place).resolve()
+        if resolved == place or resolved.is_relative_to(place):
+            raise ConfigError(f"{flag}: {shown} is inside {what} ({place}); write it elsewhere, it would replace "
                               f"or add files there")
-    if resolved.is_dir():
+        if folder and place.is_relative_to(resolved):
+            raise ConfigError(f"{flag}: {shown} holds {what} ({place}); name a folder of its own, it would be "
+                              f"replaced as a whole")
+    if folder:
+        if resolved.exists() and not resolved.is_dir():
+            raise ConfigError(f"{flag}: {shown} is a file; name a folder to write the pages into")
+    elif resolved.is_dir():
         raise ConfigError(f"{flag}: {shown} is a folder; name a file to write")
     return target

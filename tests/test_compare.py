@@ -90,3 +90,29 @@ def test_compare_names_an_unknown_side(work, capsys):
     code, _, err = run_cli(["compare", "--baseline", "nope", "--candidate", "tiny-shapes-clip", "--output_dir",
                             str(work / "out")], capsys)
     assert_refused(code, err, "no completed experiment matches 'nope'")
+
+
+def test_compare_pairs_retrieval_queries_per_direction_and_k(work, capsys):
+    """Retrieval rows share sample indices across units (text and image queries): each direction is compared on its
+    own queries, per k, and its flips equal sample_flips' rows of that unit."""
+    from clipcache.flows.cli import main
+
+    dirs = ["--output_dir", str(work / "retrieval"), "--cache_dir", str(work / "cache"), "--quiet", "--orchestrator",
+            "local", "--dataset", "shapes_retrieval", "--limit", "150", "--recall_k", "1", "5"]
+    for model in ("tiny-shapes-clip", f"local-dir:{work / 'perturbed'}"):
+        assert main(["eval", "--model", model, *dirs]) == 0
+    code, out, err = run_cli(["compare", "--baseline", "tiny-shapes-clip", "--candidate", "perturbed",
+                              "--output_dir", str(work / "retrieval"), "--format", "json"], capsys)
+    assert code == 0, err
+    rows = {r["metric"]: r for r in json.loads(out)}
+    assert set(rows) == {f"{d}_retrieval_recall@{k}" for d in ("image", "text") for k in (1, 5)}
+    con = connect(work / "retrieval")
+    for metric, row in rows.items():
+        stored = con.execute("SELECT value FROM metrics WHERE experiment_id = ? AND metric = ? AND k = ?",
+                             [row["baseline_experiment"], *metric.rsplit("@", 1)]).fetchone()[0]
+        assert row["baseline"] == pytest.approx(stored, abs=1e-6)
+    for direction, unit in (("image", "text_query"), ("text", "image_query")):
+        row = rows[f"{direction}_retrieval_recall@1"]
+        flips = con.execute("SELECT count(*) FROM sample_flips(?, ?) WHERE unit = ?",
+                            [row["baseline_experiment"], row["candidate_experiment"], unit]).fetchone()[0]
+        assert flips == row["flipped_to_correct"] + row["flipped_to_wrong"]

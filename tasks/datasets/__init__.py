@@ -57,6 +57,8 @@ SOURCES.register("registered", "clipcache.tasks.datasets.sources:RegisteredReade
 SOURCES.register("original", "clipcache.tasks.datasets.sources:OriginalLayouts")
 SOURCES.register("webdataset", "clipcache.tasks.datasets.sources:WebdatasetFolders")
 SOURCES.register("hosted", "clipcache.tasks.datasets.sources:HostedCatalog")
+SOURCES.register("visual_sts", "clipcache.tasks.datasets.mieb_layouts:VisualStsFolders")
+SOURCES.register("multiple_choice", "clipcache.tasks.datasets.mieb_layouts:MultipleChoiceFolders")
 
 
 @cache

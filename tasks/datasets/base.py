@@ -80,6 +80,14 @@ def resolve_image_path(raw: str, base: Path) -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
+def relative_name(path: Path, root: Path) -> str:
+    """``path`` relative to ``root`` (POSIX separators) when it lies inside it, else the path as given."""
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def template_problem(template: str) -> str | None:
     """Why a class-name template is not plain text with ``{c}`` fields (storage/naming.py)."""
     from clipcache.storage.naming import template_problem as problem
@@ -165,6 +173,11 @@ class EvalDataset(ABC):
     @abstractmethod
     def describe(self, index: int) -> str:
         """Where sample ``index`` comes from, for error messages (file, shard and member...)."""
+
+    def sample_key(self, index: int) -> str | None:
+        """Sample ``index``'s own name, stored with its per-sample result rows: its file (relative to the dataset's
+        folder) or its shard and webdataset key; None where the dataset has none (generated or packed images)."""
+        return None
 
     @abstractmethod
     def read_image_bytes(self, index: int) -> bytes | Image.Image:

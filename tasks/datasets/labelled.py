@@ -21,7 +21,13 @@ import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
-from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset, iter_jsonl_records, resolve_image_path
+from clipcache.tasks.datasets.base import (
+    ClassPrompts,
+    EvalDataset,
+    iter_jsonl_records,
+    relative_name,
+    resolve_image_path,
+)
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 DEFAULT_TEMPLATES = ["a photo of a {c}."]
@@ -43,6 +49,9 @@ class LabelledImages(EvalDataset):
 
     def describe(self, index: int) -> str:
         return f"{self.image_paths[index]} ({self.origins[index]})"
+
+    def sample_key(self, index: int) -> str:
+        return relative_name(self.image_paths[index], self.root)
 
     def read_image_bytes(self, index: int) -> bytes:
         return self.image_paths[index].read_bytes()

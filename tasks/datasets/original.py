@@ -29,7 +29,7 @@ from PIL import Image
 
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
-from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset
+from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset, relative_name
 from clipcache.tasks.datasets.safe_pickle import load_dataset_pickle
 
 PROMPTS = Path(__file__).with_name("prompts") / "clip_benchmark.json"
@@ -162,6 +162,9 @@ class FolderImages(EvalDataset):
     def describe(self, index: int) -> str:
         return str(self.paths[index])
 
+    def sample_key(self, index: int) -> str:
+        return relative_name(self.paths[index], self.root)
+
     def read_image_bytes(self, index: int) -> bytes | Image.Image:
         return self.paths[index].read_bytes()
 
@@ -292,6 +295,10 @@ class VocImages(FolderImages):
     def describe(self, index: int) -> str:
         box = f" (object box {self.boxes[index]})" if self.boxes else ""
         return f"{self.paths[index]}{box}"
+
+    def sample_key(self, index: int) -> str:  # an image holds several objects: its box tells them apart
+        box = "#" + ",".join(map(str, self.boxes[index])) if self.boxes else ""
+        return relative_name(self.paths[index], self.root) + box
 
     def read_image_bytes(self, index: int) -> bytes | Image.Image:
         if not self.boxes:

@@ -36,6 +36,7 @@ WINOGROUND_REPO = "facebook/winoground"
 class SelectionDataset(EvalDataset):
     item_images: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int64))
     sources: list[Any] = field(default_factory=list)  # per distinct image: a Path, or (arrow file, row, column)
+    item_keys: list[str] = field(default_factory=list)  # per item, its id in the dataset's files
     index_files: list[Path] = field(default_factory=list)
     image_folder: Path | None = None
     _tables: dict[Path, Any] = field(default_factory=dict, repr=False)
@@ -115,6 +116,7 @@ def load_sugar_crepe(name: str, root: Path, split: str, limit: int | None) -> Se
     ds.sources = list(rows)
     ds.item_images = np.asarray(item_images, dtype=np.int64)
     return ds
+        ds.item_keys.append(str(key))
 
 
 def _read_table(file: Path) -> Any:
@@ -161,6 +163,8 @@ def load_winoground(name: str, root: Path, split: str, limit: int | None) -> Sel
         for row, pair in enumerate(captions):
             if limit is not None and len(item_images) >= limit:
                 break
+        ids = table.column("id").to_pylist() if "id" in table.column_names else [f"{file.name}#{r}"
+                                                                                for r in range(table.num_rows)]
             first = len(ds.sources)
             ds.sources += [(file, row, "image_0"), (file, row, "image_1")]
             item_images.append([first, first + 1])
@@ -168,4 +172,5 @@ def load_winoground(name: str, root: Path, split: str, limit: int | None) -> Sel
     if not item_images:
         raise DatasetError(f"dataset {name!r}: {files[0]} has no items")
     ds.item_images = np.asarray(item_images, dtype=np.int64)
+            ds.item_keys.append(str(ids[row]))
     return ds

@@ -21,7 +21,7 @@ from PIL import Image
 
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo, digest
-from clipcache.tasks.datasets.base import EvalDataset
+from clipcache.tasks.datasets.base import EvalDataset, relative_name
 
 
 @dataclass
@@ -47,6 +47,9 @@ class TorchvisionImages(EvalDataset):
         if self.paths is not None:
             return str(self.paths[index])
         return f"{self.folder} ({self.split} split) image {index}"
+
+    def sample_key(self, index: int) -> str | None:
+        return None if self.paths is None else relative_name(self.paths[index], self.folder)
 
     def read_image_bytes(self, index: int) -> bytes | Image.Image:
         if self.paths is not None:

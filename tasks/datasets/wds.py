@@ -79,6 +79,10 @@ class WebDataset(EvalDataset):
         m = self.members[index]
         return f"{self.shards[m.shard]} member {m.name}"
 
+    def sample_key(self, index: int) -> str:
+        m = self.members[index]
+        return f"{self.shards[m.shard].name}/{split_key(m.name)[0]}"
+
     def read_image_bytes(self, index: int) -> bytes:
         # os.pread reads at an offset without moving a shared file position: safe from several decode threads.
         m = self.members[index]

@@ -36,6 +36,8 @@ TASKS.register("image_clustering", "clipcache.tasks.evaluation.image_clustering:
 TASKS.register("any2any_retrieval", "clipcache.tasks.evaluation.any2any_retrieval:Any2AnyRetrieval")
 TASKS.register("image_caption_selection",
                "clipcache.tasks.evaluation.image_caption_selection:ImageCaptionSelection")
+TASKS.register("visual_sts", "clipcache.tasks.evaluation.visual_sts:VisualSts")
+TASKS.register("multiple_choice", "clipcache.tasks.evaluation.multiple_choice:MultipleChoice")
 
 
 def get_task(name: str) -> EvalTask:

@@ -86,7 +86,8 @@ class Any2AnyRetrieval(EvalTask):
         return Encoded(outcomes, seconds=time.perf_counter() - started)
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
-        from clipcache.tasks.score.text_retrieval import text_retrieval_metrics
+        from clipcache.tasks.score.retrieval_evidence import rank_text_queries, text_retrieval_evidence
+        from clipcache.tasks.score.text_retrieval import per_query_metrics
 
         started = time.perf_counter()
         data: Any2AnyData = prepared.data
@@ -105,11 +106,16 @@ class Any2AnyRetrieval(EvalTask):
         if not rows:
             raise DatasetError(f"any-to-any folder {data.root}: no query is left with a relevant document")
         k_values = sorted(set(settings.recall_k) | {K_ALWAYS})
-        metrics = text_retrieval_metrics(queries[rows], docs[doc_ok], relevant, gains, k_values)
+        ranked = rank_text_queries(queries[rows], docs[doc_ok], relevant, gains, doc_index=np.flatnonzero(doc_ok))
+        values = per_query_metrics(ranked.ranks, ranked.gains, k_values)
+        metrics = {name: float(v.mean()) for name, v in values.items()}
+        evidence = text_retrieval_evidence(ranked, values, k_values, query_index=np.asarray(rows, dtype=np.int64),
+                                           query_ids=[data.queries.ids[q] for q in rows],
+                                           resamples=settings.bootstrap)
         skipped = int((~doc_ok).sum() + (~query_ok).sum())
         if skipped:
             metrics["skipped_images"] = float(skipped)
-        return Scored(metrics, len(rows), seconds=time.perf_counter() - started)
+        return Scored(metrics, len(rows), seconds=time.perf_counter() - started, evidence=evidence)
 
 
 def _side_matrix(store: Any, encoded: Encoded, side_name: str, side: Side) -> tuple[np.ndarray, np.ndarray]:

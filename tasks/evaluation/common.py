@@ -45,6 +45,14 @@ def encode_split_images(session: Any, dataset: EvalDataset, store: Any, memo: An
     return sharded or encode_images(session, dataset, store, fields, settings, progress)
 
 
+def sample_keys(dataset: EvalDataset, positions: Any) -> list[str] | None:
+    """The own names (files, shard keys) of the samples at ``positions``, for their per-sample rows; None when the
+    dataset has none."""
+    keys = [dataset.sample_key(int(p)) for p in positions]
+    named = [k for k in keys if k is not None]
+    return named if len(named) == len(keys) else None
+
+
 def check_language(dataset: EvalDataset, language: str) -> None:
     if language not in dataset.languages:
         raise ConfigError(f"language: {language!r} is not available for dataset {dataset.name!r} (available: "

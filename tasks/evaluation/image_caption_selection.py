@@ -54,9 +54,16 @@ class ImageCaptionSelection(EvalTask):
         return encode_images_and_captions(session, prepared, store, memo, settings, progress, sharded=sharded)
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+        from clipcache.tasks.score.evidence import selection_evidence
         from clipcache.tasks.score.stage import score_selection
 
         started = time.perf_counter()
-        metrics, n, tied = score_selection(store, encoded.outcomes["image"].ref, encoded.outcomes["caption"].ref,
-                                           prepared.data.item_images, len(prepared.data.sources))
-        return Scored(metrics, n, tied, time.perf_counter() - started)
+        dataset = prepared.data
+        metrics, n, tied, samples = score_selection(store, encoded.outcomes["image"].ref,
+                                                    encoded.outcomes["caption"].ref, dataset.item_images,
+                                                    len(dataset.sources), keep_samples=True)
+        evidence = None
+        if samples is not None:
+            keys = [dataset.item_keys[i] for i in samples["sample_index"]] if dataset.item_keys else None
+            evidence = selection_evidence(samples, resamples=settings.bootstrap, keys=keys)
+        return Scored(metrics, n, tied, time.perf_counter() - started, evidence=evidence)

@@ -5,6 +5,9 @@ dataset, with as many clusters as the dataset has classes present, scored agains
   normalisation, scikit-learn's ``normalized_mutual_info_score``, what MIEB's image clustering evaluator reports);
 - ``image_clustering_ari``: adjusted Rand index (``adjusted_rand_score``).
 
+Each image's class and cluster are kept as its sample row, from which both are recomputed exactly; the metrics have
+no interval (why: ``clipcache.tasks.score.evidence.clustering_evidence``).
+
 k-means is scikit-learn's ``KMeans`` (k-means++ initialisation, ``n_init=10``, ``random_state=seed``), on the
 L2-normalised embeddings: the same cache entry zero-shot classification reads, so clustering after a zero-shot run
 encodes nothing.
@@ -27,7 +30,7 @@ from clipcache.tasks.evaluation.base import (
     Scored,
     ScoreSettings,
 )
-from clipcache.tasks.evaluation.common import encode_split_images, open_single_label
+from clipcache.tasks.evaluation.common import encode_split_images, open_single_label, sample_keys
 
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
@@ -63,6 +66,7 @@ class ImageClustering(EvalTask):
         from sklearn.cluster import KMeans
         from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
+        from clipcache.tasks.score.evidence import clustering_evidence
         from clipcache.tasks.score.stage import check_images
 
         started = time.perf_counter()
@@ -77,4 +81,6 @@ class ImageClustering(EvalTask):
         clusters = KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit_predict(embeddings)
         metrics = {"image_clustering_nmi": float(normalized_mutual_info_score(labels, clusters)),
                    "image_clustering_ari": float(adjusted_rand_score(labels, clusters))}
-        return Scored(metrics, len(labels), seconds=time.perf_counter() - started)
+        positions = entry.array("position")
+        evidence = clustering_evidence(labels, clusters, positions, keys=sample_keys(prepared.data, positions))
+        return Scored(metrics, len(labels), seconds=time.perf_counter() - started, evidence=evidence)

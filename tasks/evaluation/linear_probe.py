@@ -25,7 +25,7 @@ from clipcache.tasks.evaluation.base import (
     Scored,
     ScoreSettings,
 )
-from clipcache.tasks.evaluation.common import encode_split_images, open_single_label
+from clipcache.tasks.evaluation.common import encode_split_images, open_single_label, sample_keys
 
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
@@ -89,18 +89,22 @@ class LinearProbe(EvalTask):
         return Encoded(outcomes, seconds=time.perf_counter() - started)
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+        import numpy as np
         import torch
 
-        from clipcache.tasks.score.linear_probe import ProbeSettings, held_out_split, linear_probe
+        from clipcache.tasks.score.evidence import classification_evidence
+        from clipcache.tasks.score.linear_probe import ProbeSettings, held_out_split, probe
         from clipcache.tasks.score.stage import check_images
 
         started = time.perf_counter()
         options = self.Options.of(settings)
         features = {}
+        positions = np.zeros(0, dtype=np.int64)
         for role, outcome in encoded.outcomes.items():
             entry = store.open(outcome.ref.key)
             if role == "image":
                 check_images(entry, prepared.n_samples)
+                positions = np.asarray(entry.array("position"), np.int64)
             features[role] = (torch.from_numpy(entry.embeddings()), torch.from_numpy(entry.array("target")).long())
         train_x, train_y = features["train"]
         val_x, val_y = features.get("val", (None, None))
@@ -108,7 +112,12 @@ class LinearProbe(EvalTask):
             keep, held = held_out_split(len(train_y), options.val_proportion, options.seed)
             train_x, train_y, val_x, val_y = train_x[keep], train_y[keep], train_x[held], train_y[held]
         test_x, test_y = features["image"]
-        probe = ProbeSettings(lr=options.fewshot_lr, epochs=options.fewshot_epochs, batch_size=options.batch_size,
-                              fewshot_k=options.fewshot_k, seed=options.seed, device=settings.device)
-        metrics, _ = linear_probe(train_x, train_y, test_x, test_y, probe, val_x=val_x, val_y=val_y)
-        return Scored(metrics, len(test_y), seconds=time.perf_counter() - started)
+        probe_settings = ProbeSettings(lr=options.fewshot_lr, epochs=options.fewshot_epochs,
+                                       batch_size=options.batch_size, fewshot_k=options.fewshot_k, seed=options.seed,
+                                       device=settings.device)
+        result = probe(train_x, train_y, test_x, test_y, probe_settings, val_x=val_x, val_y=val_y)
+        samples = {**result.samples, "sample_index": positions}
+        n_classes = max(int(train_y.max()), int(test_y.max())) + 1
+        evidence = classification_evidence(samples, n_classes, resamples=settings.bootstrap, prefix="lp_",
+                                           keys=sample_keys(prepared.data, positions))
+        return Scored(result.metrics, len(test_y), seconds=time.perf_counter() - started, evidence=evidence)

@@ -70,12 +70,19 @@ class TextRetrieval(EvalTask):
         return Encoded({"corpus": corpus, "query": queries}, seconds=time.perf_counter() - started)
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
-        from clipcache.tasks.score.text_retrieval import text_retrieval_metrics
+        import numpy as np
+
+        from clipcache.tasks.score.retrieval_evidence import rank_text_queries, text_retrieval_evidence
+        from clipcache.tasks.score.text_retrieval import per_query_metrics
 
         started = time.perf_counter()
         data: BeirData = prepared.data
         docs = store.open(encoded.outcomes["corpus"].ref.key).embeddings()
         queries = store.open(encoded.outcomes["query"].ref.key).embeddings()
         k_values = sorted(set(settings.recall_k) | {K_ALWAYS})
-        metrics = text_retrieval_metrics(queries, docs, data.relevant, data.gains, k_values)
-        return Scored(metrics, len(data.query_ids), seconds=time.perf_counter() - started)
+        ranked = rank_text_queries(queries, docs, data.relevant, data.gains)
+        values = per_query_metrics(ranked.ranks, ranked.gains, k_values)
+        metrics = {name: float(v.mean()) for name, v in values.items()}
+        evidence = text_retrieval_evidence(ranked, values, k_values, query_index=np.arange(len(data.query_ids)),
+                                           query_ids=data.query_ids, resamples=settings.bootstrap)
+        return Scored(metrics, len(data.query_ids), seconds=time.perf_counter() - started, evidence=evidence)

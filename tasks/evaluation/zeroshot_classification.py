@@ -16,7 +16,7 @@ from clipcache.tasks.evaluation.base import (
     Scored,
     ScoreSettings,
 )
-from clipcache.tasks.evaluation.common import class_prompts, encode_split_images, open_for
+from clipcache.tasks.evaluation.common import class_prompts, encode_split_images, open_for, sample_keys
 
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
@@ -54,16 +54,20 @@ class ZeroShotClassification(EvalTask):
                        time.perf_counter() - started)
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+        from clipcache.tasks.score.evidence import classification_evidence, multilabel_evidence
         from clipcache.tasks.score.stage import score_classification
 
         started = time.perf_counter()
-        from clipcache.tasks.score.evidence import classification_evidence
-
         metrics, n, samples = score_classification(store, encoded.outcomes["image"].ref, encoded.outcomes["prompt"],
                                                    n_classes=encoded.info["n_classes"],
                                                    n_templates=encoded.info["n_templates"], settings=settings,
                                                    n_samples=prepared.n_samples, keep_samples=True)
-        evidence = classification_evidence(samples, encoded.info["n_classes"],
-                                                                  resamples=settings.bootstrap) if samples else None
+        evidence = None
+        if samples and "average_precision" in samples:  # multilabel: rows of classes, their average precision
+            evidence = multilabel_evidence(samples["average_precision"], samples["logits"], samples["multi_hot"],
+                                           resamples=settings.bootstrap, classnames=prepared.prompts.classnames)
+        elif samples:
+            evidence = classification_evidence(samples, encoded.info["n_classes"], resamples=settings.bootstrap,
+                                               keys=sample_keys(prepared.data, samples["sample_index"]))
         return Scored(metrics, n, seconds=time.perf_counter() - started, evidence=evidence)
 

@@ -18,7 +18,7 @@ from clipcache.tasks.evaluation.base import (
     Scored,
     ScoreSettings,
 )
-from clipcache.tasks.evaluation.common import check_language, encode_images_and_captions, open_for
+from clipcache.tasks.evaluation.common import check_language, encode_images_and_captions, open_for, sample_keys
 
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
@@ -52,9 +52,15 @@ class ZeroShotRetrieval(EvalTask):
         return encode_images_and_captions(session, prepared, store, memo, settings, progress, sharded=sharded)
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+        from clipcache.tasks.score.retrieval_evidence import zeroshot_retrieval_evidence
         from clipcache.tasks.score.stage import score_retrieval
 
         started = time.perf_counter()
-        metrics, n, tied = score_retrieval(store, encoded.outcomes["image"].ref, encoded.outcomes["caption"].ref,
-                                           settings, prepared.n_samples, ties=self.Options.of(settings).ties)
-        return Scored(metrics, n, tied, time.perf_counter() - started)
+        metrics, n, tied, queries = score_retrieval(store, encoded.outcomes["image"].ref,
+                                                    encoded.outcomes["caption"].ref, settings, prepared.n_samples,
+                                                    ties=self.Options.of(settings).ties, keep_samples=True)
+        evidence = None
+        if queries is not None:
+            evidence = zeroshot_retrieval_evidence(queries, settings.retrieval_metrics, resamples=settings.bootstrap,
+                                                   image_keys=sample_keys(prepared.data, queries.image_index))
+        return Scored(metrics, n, tied, time.perf_counter() - started, evidence=evidence)

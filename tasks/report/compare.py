@@ -69,30 +69,66 @@ def _experiments(con: Any, selector: str) -> list[dict[str, Any]]:
     return reference or [e for e in named if e["default_prompts"] and e["task_options"] == "{}"]
 
 
-def _samples(con: Any, experiment_id: str) -> dict[str, np.ndarray]:
-    """The sample rows of the experiment's latest completed run, in sample order."""
+# What is compared, per task: the units of sample rows with one right-or-wrong outcome per sample, and how their
+# metrics are named. Clustering and multilabel classification (no per-sample outcome) and text / any-to-any retrieval
+# (their recall is a fraction of relevant documents, not a hit) are not compared.
+SELECTION_UNITS = {"item": "acc", "item_text": "text_acc", "item_image": "image_acc"}
+RETRIEVAL_UNITS = {"text_query": "image_retrieval_recall", "image_query": "text_retrieval_recall"}
+
+
+def _units(task: str) -> list[str]:
+    if task in ("zeroshot_classification", "linear_probe"):
+        return ["image"]
+    if task == "image_caption_selection":
+        return list(SELECTION_UNITS)
+    if task == "zeroshot_retrieval":
+        return list(RETRIEVAL_UNITS)
+    if task == "multiple_choice":
+        return ["example"]
+    return []
+
+
+def _samples(con: Any, experiment_id: str, unit: str) -> dict[str, np.ndarray]:
+    """The experiment's rows of one unit from its latest completed run, in sample order."""
     table = con.sql(
-        "SELECT sample_index, sample_key, target, prediction, correct1, correct5 FROM samples "
-        "WHERE experiment_id = ? QUALIFY dense_rank() OVER (ORDER BY created_at DESC, run_id DESC) = 1 "
-        "ORDER BY sample_index", params=[experiment_id]).to_arrow_table()
+        "SELECT sample_index, sample_key, target, prediction, correct1, correct5, hits_at FROM latest_samples "
+        "WHERE experiment_id = ? AND unit = ? ORDER BY sample_index", params=[experiment_id, unit]).to_arrow_table()
     return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
 
 
-def _statistics(s: dict[str, np.ndarray], n_classes: int) -> dict[str, tuple[Statistic, float, np.ndarray | None]]:
-    out: dict[str, tuple[Statistic, float, np.ndarray | None]] = {
-        "acc1": (mean_statistic(s["correct1"].astype(float)), float(s["correct1"].mean()), s["correct1"])}
+def _binary(values: np.ndarray) -> tuple[Statistic, float, np.ndarray]:
+    right = values.astype(bool)
+    return mean_statistic(right.astype(float)), float(right.mean()), right
+
+
+def _statistics(task: str, unit: str, s: dict[str, np.ndarray],
+                n_classes: int) -> dict[str, tuple[Statistic, float, np.ndarray | None]]:
+    out: dict[str, tuple[Statistic, float, np.ndarray | None]] = {}
+    if unit in RETRIEVAL_UNITS:  # a hit at k per query, as the stored recall@k counts it (its tie rule)
+        hits = [set(h) if h is not None else set() for h in s["hits_at"]]
+        asked = sorted(set().union(*hits)) if hits else []
+        for k in asked:
+            out[f"{RETRIEVAL_UNITS[unit]}@{k}"] = _binary(np.array([k in h for h in hits]))
+        return out
+    if unit in SELECTION_UNITS:
+        out[SELECTION_UNITS[unit]] = _binary(s["correct1"])
+        return out
+    prefix = "lp_" if task == "linear_probe" else ""
+    out[f"{prefix}acc1"] = _binary(s["correct1"])
     if not np.any(s["correct5"] == None):  # noqa: E711 - elementwise: null below 5 classes
-        correct5 = s["correct5"].astype(bool)
-        out["acc5"] = (mean_statistic(correct5.astype(float)), float(correct5.mean()), correct5)
-    right = s["prediction"] == s["target"]
-    statistic = class_recall_statistic(s["target"].astype(np.int64), right, n_classes)
-    out["mean_per_class_recall"] = (statistic, float(statistic(np.arange(len(right))[None, :])[0]), None)
+        out[f"{prefix}acc5"] = _binary(s["correct5"])
+    if unit == "image":
+        right = s["prediction"] == s["target"]
+        statistic = class_recall_statistic(s["target"].astype(np.int64), right, n_classes)
+        out[f"{prefix}mean_per_class_recall"] = (statistic, float(statistic(np.arange(len(right))[None, :])[0]),
+                                                 None)
     return out
 
 
-def compare(con: Any, baseline: str, candidate: str, *, resamples: int = DEFAULT_RESAMPLES,
-            seed: int = 0) -> list[ComparisonRow]:
-    """Every metric the two selections share with sample rows, compared pair by pair."""
+def paired_experiments(con: Any, baseline: str, candidate: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The (baseline, candidate) experiment pairs two selections share: same dataset, split, language, task and
+    precision (and, for models' experiments, the same sample limit). ConfigError in one line when a side matches
+    nothing or the two share nothing; ResultsError when two named experiments cover different sample limits."""
     a_side, b_side = _experiments(con, baseline), _experiments(con, candidate)
     for selector, side in ((baseline, a_side), (candidate, b_side)):
         if not side:
@@ -106,32 +142,53 @@ def compare(con: Any, baseline: str, candidate: str, *, resamples: int = DEFAULT
     if not pairs:
         raise ConfigError(f"compare: {baseline!r} and {candidate!r} share no dataset, split, language, task and "
                           f"precision")
-    rows: list[ComparisonRow] = []
     for a, b in pairs:
         if a["sample_limit"] != b["sample_limit"]:
             raise ResultsError(f"compare: {a['dataset']}: the experiments cover different samples (sample limit "
                                f"{a['sample_limit']} vs {b['sample_limit']}); compare runs over the same samples")
-        sa, sb = _samples(con, a["experiment_id"]), _samples(con, b["experiment_id"])
-        if not len(sa["sample_index"]) or not len(sb["sample_index"]):
-            continue  # no sample rows (a task that does not keep them yet, or a run of an older release)
-        same = len(sa["sample_index"]) == len(sb["sample_index"]) and np.array_equal(sa["target"], sb["target"]) \
-            and (sa["sample_key"] == sb["sample_key"]).all()
-        if not same:
-            raise ResultsError(f"compare: {a['dataset']}: the experiments cover different samples ({len(sa['target'])}"
-                               f" vs {len(sb['target'])} rows, or other targets); compare runs over the same data")
+    return sorted(pairs, key=lambda p: tuple(str(p[0][k]) for k in PAIR_GRAIN))
+
+
+def _compare_unit(con: Any, a: dict[str, Any], b: dict[str, Any], unit: str, *, resamples: int,
+                  seed: int) -> list[ComparisonRow]:
+    sa, sb = _samples(con, a["experiment_id"], unit), _samples(con, b["experiment_id"], unit)
+    if not len(sa["sample_index"]) or not len(sb["sample_index"]):
+        return []  # no sample rows (a run of an older release)
+    # an image query's target is each model's own best caption: the samples are the same when the keys are
+    same = len(sa["sample_index"]) == len(sb["sample_index"]) \
+        and np.array_equal(sa["sample_index"], sb["sample_index"]) \
+        and (unit == "image_query" or np.array_equal(sa["target"], sb["target"])) \
+        and (sa["sample_key"] == sb["sample_key"]).all()
+    if not same:
+        raise ResultsError(f"compare: {a['dataset']}: the experiments cover different samples ({len(sa['target'])} "
+                           f"vs {len(sb['target'])} rows of {unit}, or other targets); compare runs over the same data")
+    n_classes = 0
+    if unit == "image":
         n_classes = int(max(sa["target"].max(), sa["prediction"].max(), sb["prediction"].max())) + 1
-        stats_a, stats_b = _statistics(sa, n_classes), _statistics(sb, n_classes)
-        for metric in stats_a.keys() & stats_b.keys():
-            (fa, va, ca), (fb, vb, cb) = stats_a[metric], stats_b[metric]
-            result = compare_paired(fa, fb, len(sa["target"]), resamples=resamples, seed=seed, observed=(va, vb),
-                                    correct=(ca, cb) if ca is not None and cb is not None else None)
-            rows.append(ComparisonRow(a["dataset"], a["task"], metric, result.n, va, vb, result.difference,
-                                      result.ci_low, result.ci_high, result.p_value, None, result.flipped_to_correct,
-                                      result.flipped_to_wrong, verdict(result), a["experiment_id"],
-                                      b["experiment_id"]))
+    stats_a, stats_b = _statistics(a["task"], unit, sa, n_classes), _statistics(b["task"], unit, sb, n_classes)
+    rows = []
+    for metric in sorted(stats_a.keys() & stats_b.keys()):
+        (fa, va, ca), (fb, vb, cb) = stats_a[metric], stats_b[metric]
+        result = compare_paired(fa, fb, len(sa["sample_index"]), resamples=resamples, seed=seed, observed=(va, vb),
+                                correct=(ca, cb) if ca is not None and cb is not None else None)
+        rows.append(ComparisonRow(a["dataset"], a["task"], metric, result.n, va, vb, result.difference,
+                                  result.ci_low, result.ci_high, result.p_value, None, result.flipped_to_correct,
+                                  result.flipped_to_wrong, verdict(result), a["experiment_id"], b["experiment_id"]))
+    return rows
+
+
+def compare(con: Any, baseline: str, candidate: str, *, resamples: int = DEFAULT_RESAMPLES,
+            seed: int = 0) -> list[ComparisonRow]:
+    """Every metric the two selections share with sample rows, compared pair by pair."""
+    pairs = paired_experiments(con, baseline, candidate)
+    rows: list[ComparisonRow] = []
+    for a, b in pairs:
+        for unit in _units(a["task"]):
+            rows += _compare_unit(con, a, b, unit, resamples=resamples, seed=seed)
     if not rows:
-        raise ResultsError("compare: none of the paired experiments has sample rows (they are written by clipcache "
-                           "0.2 and newer for zero-shot classification; `clipcache rescore` adds them from the cache)")
+        raise ResultsError("compare: none of the paired experiments has sample rows to compare (they are written by "
+                           "clipcache 0.2 and newer, and `clipcache rescore` adds them from the cache; clustering, "
+                           "multilabel classification and text retrieval are not compared sample by sample)")
     for row, adjusted in zip(rows, holm([r.p_value for r in rows]), strict=True):
         row.p_holm = adjusted
     rows.sort(key=lambda r: (r.dataset, r.metric))

@@ -18,6 +18,7 @@ h1{font-size:24px;margin:0 0 4px} h2{font-size:18px;margin:32px 0 8px;border-bot
 th,td{border:1px solid #d0d7de;padding:4px 10px;text-align:left} th{background:#f6f8fa}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr.regressed td{background:#ffebe9} tr.improved td{background:#dafbe1}
+span.ci{white-space:nowrap} svg.ci{vertical-align:middle;margin-left:6px}
 .charts{display:flex;flex-wrap:wrap;gap:24px} figure{margin:0} figcaption{font-weight:600;margin-bottom:4px}
 """
 
@@ -42,6 +43,48 @@ def _table(headers: list[str], rows: list[list[str]], numeric: set[int], row_cla
         cells = "".join(f'<td class="num">{c}</td>' if j in numeric else f"<td>{c}</td>" for j, c in enumerate(row))
         body.append(f"<tr{cls}>{cells}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def interval_scales(rows: list[tuple[str, str, float | None, float | None, float | None]]
+                    ) -> dict[tuple[str, str], tuple[float, float]]:
+    """Per (dataset, task): the axis of its interval bars, spanning every value and interval of that column (with a
+    margin), so the bars of one dataset can be compared with each other; metrics are fractions, so within [0, 1]."""
+    spans: dict[tuple[str, str], list[float]] = {}
+    for dataset, task, value, low, high in rows:
+        spans.setdefault((dataset, task), []).extend(x for x in (value, low, high) if x is not None)
+    scales: dict[tuple[str, str], tuple[float, float]] = {}
+    for key, xs in spans.items():
+        lo, hi = (min(xs), max(xs)) if xs else (0.0, 1.0)
+        pad = max((hi - lo) * 0.1, 0.005)
+        scales[key] = (max(0.0, lo - pad), min(1.0, hi + pad)) if hi <= 1 and lo >= 0 else (lo - pad, hi + pad)
+    return scales
+
+
+def _interval_text(low: float | None, high: float | None) -> str:
+    return "" if low is None or high is None else f'<span class="ci">{low:.4f}–{high:.4f}</span>'
+
+
+def _value_with_interval(value: float | None, low: float | None, high: float | None,
+                         scale: tuple[float, float]) -> str:
+    """The value, and where it has a 95% interval, a whisker on the dataset's axis (the numbers in its tooltip)."""
+    if value is None or low is None or high is None:
+        return _num(value)
+    width, height = 90, 12
+    lo, hi = scale
+
+    def x(v: float) -> float:
+        return 2 + (min(max(v, lo), hi) - lo) / ((hi - lo) or 1.0) * (width - 4)
+
+    tip = f"{value:.4f}, 95% interval {low:.4f}–{high:.4f}"
+    bar = (f'<svg class="ci" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+           f'aria-label="95% interval {low:.4f} to {high:.4f}"><title>{tip}</title>'
+           f'<line x1="0" y1="{height / 2}" x2="{width}" y2="{height / 2}" stroke="#eaeef2"/>'
+           f'<rect x="{x(low):.1f}" y="3" width="{max(x(high) - x(low), 1):.1f}" height="{height - 6}" '
+           f'fill="#9ecae1"/>'
+           f'<line x1="{x(low):.1f}" y1="1" x2="{x(low):.1f}" y2="{height - 1}" stroke="#2166ac"/>'
+           f'<line x1="{x(high):.1f}" y1="1" x2="{x(high):.1f}" y2="{height - 1}" stroke="#2166ac"/>'
+           f'<circle cx="{x(value):.1f}" cy="{height / 2}" r="2.5" fill="#08306b"/></svg>')
+    return f'<span class="ci" title="{tip}">{_num(value)} {bar}</span>'
 
 
 def _colour(value: float | None) -> str:
@@ -125,8 +168,8 @@ def render_report(database: Path, out: Path, history_rows: int = 200) -> Path:
     summary = con.sql("select model, pretrained, task, n_datasets, macro_average, newest_result from model_summary "
                       "order by task, macro_average desc nulls last").fetchall()
     # dataset_label: the dataset with a split other than test and a language other than en (one column each)
-    board = con.sql("select model_label, dataset_label, task, main_metric, main_value, n_samples, run_id, created_at "
-                    "from leaderboard order by dataset_label, main_value desc nulls last").fetchall()
+    board = con.sql("select model_label, dataset_label, task, main_metric, main_value, n_samples, run_id, created_at, "
+                    "ci_low, ci_high from leaderboard order by dataset_label, main_value desc nulls last").fetchall()
     curves = con.sql("select model_label, dataset_label, direction, k, value from retrieval_curves "
                      "order by dataset_label, k").fetchall()
     history = con.sql(f"select created_at, model || coalesce(' @ ' || pretrained, ''), dataset, metric, k, "
@@ -144,6 +187,7 @@ def render_report(database: Path, out: Path, history_rows: int = 200) -> Path:
     models = sorted({r[0] for r in board})
     datasets = sorted(set(column.values()))
     heat = {(r[0], column[r[1], r[2]]): r[4] for r in board}
+    scales = interval_scales([(r[1], r[2], r[4], r[8], r[9]) for r in board])
     by_dataset: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for model, dataset, direction, k, value in curves:
         by_dataset.setdefault(dataset, {}).setdefault(f"{model} · {direction}", []).append((k, value))
@@ -158,9 +202,9 @@ def render_report(database: Path, out: Path, history_rows: int = 200) -> Path:
         "<h2>Leaderboard</h2><p class='muted'>Latest complete run on the full data with the dataset's own prompts, "
         "per model checkpoint. Main metric: acc1 for classification (mAP for multilabel), mean of text→image and "
         "image→text recall@5 for retrieval, nDCG@10 for text retrieval.</p>",
-        _table(["model", "dataset", "task", "main metric", "value", "n", "run", "created"],
-               [[_e(m), _e(d), _e(t), _e(mm), _num(v), _e(n), _e(r), _when(c)] for m, d, t, mm, v, n, r, c in board],
-               {4, 5}),
+        _table(["model", "dataset", "task", "main metric", "value", "95% interval", "n", "run", "created"],
+               [[_e(m), _e(d), _e(t), _e(mm), _value_with_interval(v, lo, hi, scales[d, t]), _interval_text(lo, hi),
+                 _e(n), _e(r), _when(c)] for m, d, t, mm, v, n, r, c, lo, hi in board], {4, 5, 6}),
         "<h2>Model × dataset</h2>", heatmap_svg(models, datasets, heat) if board else "<p>No results yet.</p>",
         "<h2>Retrieval recall@k</h2>",
         "<div class='charts'>" + "".join(f"<figure><figcaption>{_e(d)}</figcaption>{curve_svg(s)}</figure>"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -52,6 +53,14 @@ def logits(images: np.ndarray | torch.Tensor, classifier: np.ndarray | torch.Ten
     return torch.cat(list(logit_batches(_tensor(images).float(), _tensor(classifier).float(), batch_size)))
 
 
+GROUP_ROWS = 2048  # rows of logits whose per-sample outcomes are computed together
+
+
+class TopK(NamedTuple):
+    values: torch.Tensor
+    indices: torch.Tensor
+
+
 class ClassificationCounts:
     """Metrics accumulated batch by batch (no dense samples x classes matrix is kept, except for multilabel).
     With ``keep_samples``, each sample's outcome is kept too (:meth:`samples`): what the metrics are made of."""
@@ -63,6 +72,11 @@ class ClassificationCounts:
         self.targets: list[torch.Tensor] = []
         self.keep_samples = keep_samples
         self._samples: list[dict[str, torch.Tensor]] = []
+        # batches whose outcomes are not computed yet: done a group at a time (fewer, larger tensor operations;
+        # every outcome is row-wise, so grouping batches changes no value)
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[int, torch.Tensor],
+                                  torch.Tensor]] = []
+        self._pending_rows = 0
 
     def add(self, batch_logits: torch.Tensor, targets: torch.Tensor) -> None:
         top = torch.topk(batch_logits, min(max(self.ks), batch_logits.shape[1]), dim=1)
@@ -74,19 +88,27 @@ class ClassificationCounts:
         self.predictions.append(predictions)
         self.targets.append(targets)
         if self.keep_samples:
-            self._samples.append(sample_outcomes(batch_logits, targets, top, correct, predictions))
+            self._pending.append((batch_logits, targets, top.values, top.indices, correct, predictions))
+            self._pending_rows += len(targets)
+            if self._pending_rows >= GROUP_ROWS:
+                self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        logits, targets, values, indices, correct, predictions = zip(*self._pending, strict=True)
+        top = TopK(torch.cat(values), torch.cat(indices))
+        both = {k: torch.cat([c[k] for c in correct]) for k in correct[0]}
+        self._samples.append(sample_outcomes(torch.cat(logits), torch.cat(targets), top, both,
+                                             torch.cat(predictions)))
+        self._pending, self._pending_rows = [], 0
 
     def samples(self) -> dict[str, np.ndarray]:
         """Per sample: target, prediction (argmax), top (topk's kept classes, best first), correct1 / correct5
         (topk's choice, as acc1 / acc5 count them), score (the target's logit), rank (1 + classes scored above the
         target), tied (another class scores exactly the target's logit) and margin (target minus best other)."""
-        if not self._samples:
-            return {}
-        out = {name: torch.cat([s[name] for s in self._samples]).numpy() for name in self._samples[0]}
-        for name in ("score", "margin"):
-            out[name] = out[name].astype(np.float64)
-        out["target"], out["prediction"] = out["target"].astype(np.int64), out["prediction"].astype(np.int64)
-        return out
+        self._flush()
+        return outcome_arrays(self._samples)
 
     def metrics(self) -> dict[str, float]:
         n = sum(len(t) for t in self.targets)
@@ -96,7 +118,7 @@ class ClassificationCounts:
                 "mean_per_class_recall": balanced_recall(torch.cat(self.predictions), torch.cat(self.targets))}
 
 
-def sample_outcomes(batch_logits: torch.Tensor, targets: torch.Tensor, top: torch.return_types.topk,
+def sample_outcomes(batch_logits: torch.Tensor, targets: torch.Tensor, top: torch.return_types.topk | TopK,
                     correct: dict[int, torch.Tensor], predictions: torch.Tensor) -> dict[str, torch.Tensor]:
     """One batch's per-sample outcomes, as tensors (converted once, in :meth:`ClassificationCounts.samples`)."""
     score = batch_logits.gather(1, targets[:, None])
@@ -109,9 +131,25 @@ def sample_outcomes(batch_logits: torch.Tensor, targets: torch.Tensor, top: torc
     else:
         best_other = torch.full_like(values[:, 0], torch.nan)
     five = {"correct5": correct[5]} if 5 in correct else {}  # acc5 is NaN below 5 classes
+    if batch_logits.device.type == "cpu":  # NumPy's counts are single passes without a bool temporary: faster here
+        logits, own = batch_logits.numpy(), score.numpy()
+        higher = torch.from_numpy(np.count_nonzero(logits > own, axis=1))
+        tied = torch.from_numpy(np.count_nonzero(logits == own, axis=1) > 1)
+    else:
+        higher, tied = (batch_logits > score).sum(dim=1), (batch_logits == score).sum(dim=1) > 1
     return {"target": targets, "prediction": predictions, "top": top.indices.to(torch.int32), "correct1": correct[1],
-            **five, "score": score[:, 0], "rank": 1 + (batch_logits > score).sum(dim=1),
-            "tied": (batch_logits == score).sum(dim=1) > 1, "margin": score[:, 0] - best_other}
+            **five, "score": score[:, 0], "rank": 1 + higher, "tied": tied, "margin": score[:, 0] - best_other}
+
+
+def outcome_arrays(batches: list[dict[str, torch.Tensor]]) -> dict[str, np.ndarray]:
+    """Batches of :func:`sample_outcomes` as one NumPy array per column, in the sample rows' types."""
+    if not batches:
+        return {}
+    out = {name: torch.cat([s[name] for s in batches]).numpy() for name in batches[0]}
+    for name in ("score", "margin"):
+        out[name] = out[name].astype(np.float64)
+    out["target"], out["prediction"] = out["target"].astype(np.int64), out["prediction"].astype(np.int64)
+    return out
 
 
 def balanced_recall(predictions: torch.Tensor, targets: torch.Tensor) -> float:

@@ -10,7 +10,8 @@
   8, 4, 2, 1; the first best wins ties); the final layer is trained on train + val when ``fewshot_k == -1``, else on
   the few-shot set; without validation features the weight decay is 0;
 - metrics on the test features: ``lp_acc1``, ``lp_acc5`` (only with more than five classes in the targets, as
-  clip_benchmark checks ``target.max() >= 5``) and ``lp_mean_per_class_recall`` (balanced accuracy of the argmax).
+  clip_benchmark checks ``target.max() >= 5``) and ``lp_mean_per_class_recall`` (balanced accuracy of the argmax);
+  each test sample's outcome (:func:`probe`) is what they are the means of.
 
 Where clip_benchmark relies on its global random state, this code seeds it: clip_benchmark's few-shot permutation and
 its ``val_proportion`` split use the RNG state left by loading the model and reading the data, so the same seed gives
@@ -28,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from clipcache.storage.errors import DatasetError
-from clipcache.tasks.score.classification import balanced_recall
+from clipcache.tasks.score.classification import balanced_recall, outcome_arrays, sample_outcomes
 
 WEIGHT_DECAYS = np.logspace(-6, 2, num=97).tolist()
 FIRST_WEIGHT_DECAYS = np.logspace(-6, 2, num=7).tolist()
@@ -131,10 +132,27 @@ def best_weight_decay(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch
     return WEIGHT_DECAYS[index]
 
 
+@dataclass(frozen=True)
+class ProbeResult:
+    metrics: dict[str, float]
+    weight_decay: float  # the one chosen (0 without validation features)
+    # per test sample, as zero-shot classification keeps them (ClassificationCounts.samples): target, prediction
+    # (argmax), top (topk's classes), correct1 / correct5 (what lp_acc1 / lp_acc5 count), score, rank, tied, margin
+    samples: dict[str, np.ndarray]
+
+
 def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor,
                  settings: ProbeSettings, *, val_x: torch.Tensor | None = None,
                  val_y: torch.Tensor | None = None) -> tuple[dict[str, float], float]:
     """(metrics, chosen weight decay). Features are float32 rows; targets int64 class ids."""
+    result = probe(train_x, train_y, test_x, test_y, settings, val_x=val_x, val_y=val_y)
+    return result.metrics, result.weight_decay
+
+
+def probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor,
+          settings: ProbeSettings, *, val_x: torch.Tensor | None = None,
+          val_y: torch.Tensor | None = None) -> ProbeResult:
+    """:func:`linear_probe`, with each test sample's outcome."""
     picked = fewshot_indices(train_y, settings.fewshot_k, settings.seed)
     fit_x, fit_y = train_x[picked], train_y[picked]
     n_classes = int(train_y.max()) + 1
@@ -144,9 +162,16 @@ def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Ten
         if settings.fewshot_k < 0:  # the full probe learns from train + val once the weight decay is chosen
             fit_x, fit_y = torch.cat([fit_x, val_x]), torch.cat([fit_y, val_y])
     layer = train(fit_x, fit_y, n_classes, weight_decay, settings)
-    scores = logits(layer, test_x, settings.device, settings.batch_size)
-    acc1, acc5 = accuracies(scores, test_y, (1, 5)) if int(test_y.max()) >= 5 else (*accuracies(scores, test_y, (1,)),
-                                                                                   math.nan)
-    metrics = {"lp_acc1": acc1, "lp_acc5": acc5,
-               "lp_mean_per_class_recall": balanced_recall(scores.argmax(dim=1), test_y)}
-    return metrics, weight_decay
+    scores = logits(layer, test_x, settings.device, settings.batch_size).float()
+    ks = (1, 5) if int(test_y.max()) >= 5 else (1,)
+    top = scores.topk(max(ks), dim=1)  # one call for every k, as accuracies() (clip_benchmark's accuracy)
+    correct = {k: (top.indices[:, :k] == test_y[:, None]).any(dim=1) for k in ks}
+    predictions = scores.argmax(dim=1)
+    acc = {k: float(correct[k].float().sum()) / len(test_y) for k in ks}
+    metrics = {"lp_acc1": acc[1], "lp_acc5": acc.get(5, math.nan),
+               "lp_mean_per_class_recall": balanced_recall(predictions, test_y)}
+    # a test class the training split lacks has no logit: it scores -inf (ranked last) in the sample rows
+    missing = int(test_y.max()) + 1 - scores.shape[1]
+    padded = torch.cat([scores, torch.full((len(scores), missing), -torch.inf)], dim=1) if missing > 0 else scores
+    samples = outcome_arrays([sample_outcomes(padded, test_y, top, correct, predictions)])
+    return ProbeResult(metrics, weight_decay, samples)

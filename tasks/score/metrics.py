@@ -21,7 +21,8 @@ class MetricInfo:
 METRICS: dict[str, MetricInfo] = {m.name: m for m in [
     MetricInfo("acc", True, True, "fraction of samples whose true class is among the k highest logits; without k "
                "(image_caption_selection): fraction of items whose images and captions all pick their own partner "
-               "(Winoground's group score)"),
+               "(Winoground's group score); multiple_choice's acc1: fraction of questions whose answer is the "
+               "best-scored choice"),
     MetricInfo("image_acc", True, False, "image_caption_selection: fraction of items whose captions each pick their "
                "own image (Winoground's image score)"),
     MetricInfo("text_acc", True, False, "image_caption_selection: fraction of items whose images each pick their own "
@@ -37,6 +38,9 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
     MetricInfo("image_clustering_nmi", True, False, "k-means clusters vs classes: normalised mutual information"),
     MetricInfo("image_clustering_ari", True, False, "k-means clusters vs classes: adjusted Rand index"),
     MetricInfo("skipped_images", False, False, "images left out as undecodable (--on_bad_image skip)"),
+    *[MetricInfo(f"{s}_{c}", True, False, f"visual_sts: {n} correlation of gold scores and the pairs' {s} similarity"
+                 f"{'' if s == 'cosine' else ' (negated distance)'} (mteb's STS)")
+      for s in ("cosine", "manhattan", "euclidean") for c, n in (("spearman", "Spearman"), ("pearson", "Pearson"))],
     MetricInfo("ndcg", True, True, "text retrieval: nDCG@k with qrels scores as gains (trec_eval ndcg_cut)"),
     MetricInfo("map", True, True, "text retrieval: mean average precision cut at k (trec_eval map_cut)"),
     MetricInfo("recall", True, True, "text retrieval: relevant docs within k / relevant docs"),

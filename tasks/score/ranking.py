@@ -94,6 +94,19 @@ def best_positive_rank(
     return ranks
 
 
+def stable_top(scores: np.ndarray, n: int) -> np.ndarray:
+    """The n best-scored columns of each row, best first, equal scores by lower index (n <= columns)."""
+    if n == 0:
+        return np.empty((len(scores), 0), dtype=np.int64)
+    width = scores.shape[1]
+    kth = np.partition(scores, width - n, axis=1)[:, width - n, None]
+    r, c = np.nonzero(scores >= kth)  # at least n per row (more where scores tie with the n-th)
+    order = np.lexsort((c, -scores[r, c], r))
+    r, c = r[order], c[order]
+    start = np.searchsorted(r, np.arange(len(scores)))
+    return c[start[:, None] + np.arange(n)]
+
+
 def all_positive_ranks(
     queries: np.ndarray,
     candidates: np.ndarray,
@@ -102,7 +115,22 @@ def all_positive_ranks(
     queries_are_images: bool = False,
 ) -> list[np.ndarray]:
     """The rank of every positive of every query (needed by nDCG with several relevant items per query)."""
-    out: list[np.ndarray] = []
+    return ranked_positives(queries, candidates, positives, block_bytes, queries_are_images)[0]
+
+
+def ranked_positives(
+    queries: np.ndarray,
+    candidates: np.ndarray,
+    positives: list[np.ndarray],
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    queries_are_images: bool = False,
+    top: int = 0,
+) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """(the rank of every positive of every query, their scores, each query's ``top`` best-scored candidates best
+    first, equal scores by lower index), from the same score rows."""
+    ranks_out: list[np.ndarray] = []
+    scores_out: list[np.ndarray] = []
+    best = np.empty((len(queries), min(top, len(candidates))), dtype=np.int64)
     block = max(MIN_BLOCK, block_rows_for(len(candidates), block_bytes))
     for start in range(0, len(queries), block):
         stop = min(start + block, len(queries))
@@ -114,5 +142,8 @@ def all_positive_ranks(
         ranks = np.empty(len(cols), dtype=np.int64)
         for s in range(0, len(cols), block):  # expanded rows in block-sized slices: memory stays bounded
             ranks[s:s + block] = rank_of_positive_in_row(scores[row_of[s:s + block]], cols[s:s + block])
-        out.extend(np.split(ranks, np.cumsum(counts)[:-1]))
-    return out
+        cuts = np.cumsum(counts)[:-1]
+        ranks_out.extend(np.split(ranks, cuts))
+        scores_out.extend(np.split(scores[row_of, cols].astype(np.float64), cuts))
+        best[start:stop] = stable_top(scores, best.shape[1])
+    return ranks_out, scores_out, best

@@ -81,6 +81,11 @@ def ndcg_at_k(positive_ranks: list[np.ndarray], k: int) -> float:
     """Mean nDCG@k over queries; ``positive_ranks[q]`` holds the 0-based ranks of all of query q's positives."""
     if not positive_ranks:
         return float("nan")
+    return float(ndcg_values(positive_ranks, k).mean())
+
+
+def ndcg_values(positive_ranks: list[np.ndarray], k: int) -> np.ndarray:
+    """Each query's nDCG@k (0 for a query without positives); the DCG sums over the positives in the given order."""
     discounts = 1.0 / np.log2(np.arange(2, k + 2, dtype=np.float64))
     values = []
     for ranks in positive_ranks:
@@ -89,7 +94,22 @@ def ndcg_at_k(positive_ranks: list[np.ndarray], k: int) -> float:
             continue
         dcg = discounts[ranks[ranks < k]].sum()
         values.append(dcg / discounts[: min(len(ranks), k)].sum())
-    return float(np.mean(values))
+    return np.asarray(values, dtype=np.float64)
+
+
+def caption_ranks(image_embeddings: np.ndarray, caption_embeddings: np.ndarray, caption_image: np.ndarray,
+                  block_bytes: int = DEFAULT_BLOCK_BYTES) -> list[np.ndarray]:
+    """Per image, the 0-based rank of each of its captions (in caption order) among all captions, stable rule;
+    empty for an image without captions (what image -> text nDCG needs)."""
+    groups = captions_per_image(caption_image, len(image_embeddings))
+    has = [i for i, g in enumerate(groups) if len(g)]
+    ranked = all_positive_ranks(image_embeddings[has].astype(np.float32, copy=False),
+                                caption_embeddings.astype(np.float32, copy=False), [groups[i] for i in has],
+                                block_bytes, queries_are_images=True)
+    out: list[np.ndarray] = [np.empty(0, np.int64)] * len(groups)
+    for i, r in zip(has, ranked, strict=True):
+        out[i] = r
+    return out
 
 
 RETRIEVAL_METRIC_FAMILIES = ("recall", "mrr", "ndcg", "rank")
@@ -101,20 +121,16 @@ def retrieval_metrics(
     caption_image: np.ndarray,
     recall_k: list[int],
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    *,
     which: tuple[str, ...] = ("recall",),
+    i2t_all: list[np.ndarray] | None = None,
 ) -> dict[str, float]:
-    """Metrics of the families in ``which`` (recall, mrr, ndcg, rank) for every k in ``recall_k``."""
+    """Metrics of the families in ``which`` (recall, mrr, ndcg, rank) for every k in ``recall_k``; ``i2t_all``: the
+    :func:`caption_ranks` of the same data, when the caller has them already."""
     t2i, i2t = retrieval_ranks(image_embeddings, caption_embeddings, caption_image, block_bytes)
     metrics: dict[str, float] = {}
-    if "ndcg" in which:
-        groups = captions_per_image(caption_image, len(image_embeddings))
-        has = [i for i, g in enumerate(groups) if len(g)]
-        ranked = all_positive_ranks(image_embeddings[has].astype(np.float32, copy=False),
-                                    caption_embeddings.astype(np.float32, copy=False), [groups[i] for i in has],
-                                    block_bytes, queries_are_images=True)
-        i2t_all: list[np.ndarray] = [np.empty(0, np.int64)] * len(groups)
-        for i, r in zip(has, ranked, strict=True):
-            i2t_all[i] = r
+    if "ndcg" in which and i2t_all is None:
+        i2t_all = caption_ranks(image_embeddings, caption_embeddings, caption_image, block_bytes)
     for k in recall_k:
         if "recall" in which:
             metrics[f"image_retrieval_recall@{k}"] = recall_from_ranks(t2i, k)
@@ -124,7 +140,7 @@ def retrieval_metrics(
             metrics[f"text_retrieval_mrr@{k}"] = mrr_at_k(i2t, k)
         if "ndcg" in which:
             metrics[f"image_retrieval_ndcg@{k}"] = ndcg_at_k([np.array([r]) for r in t2i], k)
-            metrics[f"text_retrieval_ndcg@{k}"] = ndcg_at_k(i2t_all, k)
+            metrics[f"text_retrieval_ndcg@{k}"] = ndcg_at_k(i2t_all or [], k)
     if "rank" in which:
         for direction, ranks in (("image", t2i), ("text", i2t[i2t != NO_POSITIVE])):
             metrics[f"{direction}_retrieval_mean_rank"] = float((ranks + 1).mean()) if len(ranks) else float("nan")

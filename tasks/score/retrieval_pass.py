@@ -22,6 +22,10 @@ topk's choice; these are counted and reported.
 
 ``rule="stable"`` decides those queries by rank instead (equal scores ordered by index, lowest first): numbers that
 do not depend on the order of the data or on the device.
+
+:func:`query_outcomes` keeps each query's outcome instead of only the counts: its hit or miss at every k (as the
+counts count it), whether a tie decided it, and, with ``places``, where its best positive ranks (stable rule), that
+positive's score and the 3 best-scored candidates, found in the same pass (tasks/score/retrieval_queries.py).
 """
 
 from __future__ import annotations
@@ -31,6 +35,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from clipcache.tasks.score.retrieval_queries import (
+    TOP,
+    PositionCounter,
+    best_caption,
+    fill_exact_places,
+    fill_pass_places,
+    merge_top,
+    sorted_with_ids,
+    top_per_column,
+)
 
 EPS = 1e-5  # |difference| between float32 products of unit vectors from different kernels is ~1e-7
 MIN_BLOCK = 16  # below this many rows (or columns) the CPU kernel takes another path and rounds differently
@@ -46,6 +61,38 @@ class DirectionCounts:
     hits: dict[int, int] = field(default_factory=dict)
     tied: dict[int, int] = field(default_factory=dict)
     decided_exactly: int = 0
+
+
+@dataclass
+class QueryOutcomes:
+    """Per query of one direction, in query order (captions for text->image, images for image->text)."""
+
+    hits: np.ndarray  # (queries, len(ks)) bool: a hit at ks[j], exactly as recall@ks[j] counts it (the tie rule)
+    tied: np.ndarray  # (queries, len(ks)) bool: tie-sensitive at ks[j] (the tie rule chose its outcome)
+    decided_exactly: int = 0  # queries whose exact score row was recomputed
+    # with places (else None): the best positive (stable rule; -1: the query has none), 1 + its stable rank (0: none),
+    # its score (NaN: none) and the best-scored candidates, best first (equal scores: lower index first)
+    positive: np.ndarray | None = None
+    rank: np.ndarray | None = None
+    score: np.ndarray | None = None
+    top: np.ndarray | None = None
+
+    def counts(self, ks: list[int]) -> DirectionCounts:
+        return DirectionCounts(len(self.hits), {k: int(self.hits[:, j].sum()) for j, k in enumerate(ks)},
+                               {k: int(self.tied[:, j].sum()) for j, k in enumerate(ks)}, self.decided_exactly)
+
+
+@dataclass
+class Scanned:
+    """What one pass over the tiles keeps: per query, the top scores (descending) and the best positive's score
+    (-inf for an image without captions); with a position counter, the candidates of those top scores too."""
+
+    top_t2i: torch.Tensor  # [n_c, k_t2i]
+    pos_t2i: torch.Tensor
+    top_i2t: torch.Tensor  # [n_i, k_i2t]
+    pos_i2t: torch.Tensor
+    ids_t2i: torch.Tensor | None = None
+    ids_i2t: torch.Tensor | None = None
 
 
 class TileProduct:
@@ -111,9 +158,9 @@ def _split(n: int, step: int) -> list[tuple[int, int]]:
 
 
 def scan(captions: torch.Tensor, images: torch.Tensor, caption_image: torch.Tensor, k_t2i: int, k_i2t: int,
-         budget: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One pass over the tiles: (top scores per caption [n_c, k_t2i], positive score per caption,
-    top scores per image [n_i, k_i2t], best positive score per image; -inf for an image without captions)."""
+         budget: int, *, counter: PositionCounter | None = None) -> Scanned:
+    """One pass over the tiles: the top scores and the best positive's score per query of both directions; with
+    ``counter``, the candidates of the top scores, and every tile counted into it."""
     n_c, n_i = len(captions), len(images)
     rows, width = _tile_shape(n_c, n_i, budget)
     product = TileProduct(captions, images, rows, width)
@@ -122,60 +169,79 @@ def scan(captions: torch.Tensor, images: torch.Tensor, caption_image: torch.Tens
     pos_t2i = torch.full((n_c,), float("-inf"), device=device)
     top_i2t = torch.full((k_i2t, n_i), float("-inf"), device=device)
     pos_i2t = torch.full((n_i,), float("-inf"), device=device)
+    if counter is not None:
+        ids_t2i = torch.empty((n_c, k_t2i), dtype=torch.int64, device=device)
+        ids_i2t = torch.full((k_i2t, n_i), -1, dtype=torch.int64, device=device)
     for c0, c1 in _split(n_c, rows):
         owner = caption_image[c0:c1]
         best_rows: torch.Tensor | None = None
+        best: tuple[torch.Tensor, torch.Tensor] | None = None
         for i0, i1 in _split(n_i, width):
             tile = product(c0, c1, i0, i1)
-            best_rows = _merge_topk(best_rows, torch.topk(tile, min(k_t2i, i1 - i0), dim=1, sorted=False).values,
-                                    k_t2i, dim=1)
-            column_top = top_values_per_column(tile, min(k_i2t, c1 - c0))
-            top_i2t[:, i0:i1] = _merge_topk(top_i2t[:, i0:i1], column_top, k_i2t, dim=0)
+            row_top = torch.topk(tile, min(k_t2i, i1 - i0), dim=1, sorted=False)
+            if counter is None:
+                best_rows = _merge_topk(best_rows, row_top.values, k_t2i, dim=1)
+                column_top = top_values_per_column(tile, min(k_i2t, c1 - c0))
+                top_i2t[:, i0:i1] = _merge_topk(top_i2t[:, i0:i1], column_top, k_i2t, dim=0)
+            else:
+                best = merge_top(best, (row_top.values, row_top.indices + i0), k_t2i, dim=1)
+                values, at = top_per_column(tile, min(k_i2t, c1 - c0))
+                top_i2t[:, i0:i1], ids_i2t[:, i0:i1] = merge_top((top_i2t[:, i0:i1], ids_i2t[:, i0:i1]),
+                                                                 (values, at + c0), k_i2t, dim=0)
+                counter.add(tile, c0, c1, i0, i1)
             inside = torch.nonzero((owner >= i0) & (owner < i1)).squeeze(1)
             if len(inside):
                 values = tile[inside, owner[inside] - i0]
                 pos_t2i[c0 + inside] = values
                 pos_i2t.scatter_reduce_(0, owner[inside], values, reduce="amax")
-        top_t2i[c0:c1] = best_rows  # type: ignore[assignment]
-    return (torch.sort(top_t2i, dim=1, descending=True).values, pos_t2i,
-            torch.sort(top_i2t.T, dim=1, descending=True).values, pos_i2t)
+        if best is not None:
+            top_t2i[c0:c1], ids_t2i[c0:c1] = best
+        else:
+            top_t2i[c0:c1] = best_rows  # type: ignore[assignment]
+    if counter is None:
+        return Scanned(torch.sort(top_t2i, dim=1, descending=True).values, pos_t2i,
+                       torch.sort(top_i2t.T, dim=1, descending=True).values, pos_i2t)
+    top_t2i, ids_t2i = sorted_with_ids(top_t2i, ids_t2i)
+    top_i2t, ids_i2t = sorted_with_ids(top_i2t.T, ids_i2t.T)
+    return Scanned(top_t2i, pos_t2i, top_i2t, pos_i2t, ids_t2i, ids_i2t)
 
 
-def _undecided(top: torch.Tensor, positive: torch.Tensor, ks: list[int], n_candidates: int,
-               counts: DirectionCounts) -> torch.Tensor:
-    """Count the certain hits per k into ``counts``; return a (queries x len(ks)) mask of the undecided ones."""
-    undecided = torch.zeros((len(positive), len(ks)), dtype=torch.bool, device=positive.device)
+def _decisions(top: torch.Tensor, positive: torch.Tensor, ks: list[int], n_candidates: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(certain hits, undecided) per query and k (queries x len(ks)), whatever the tie rule and the kernel."""
+    hits = torch.zeros((len(positive), len(ks)), dtype=torch.bool, device=positive.device)
+    undecided = torch.zeros_like(hits)
     for j, k in enumerate(ks):
-        counts.tied[k] = 0
         if k > n_candidates:  # clip_benchmark raises here; every query with a positive is a hit
-            counts.hits[k] = int(torch.isfinite(positive).sum())
+            hits[:, j] = torch.isfinite(positive)
             continue
         vk = top[:, k - 1]
         margin = EPS * torch.clamp(vk.abs(), min=1.0)
         next_value = top[:, k] if k < top.shape[1] else torch.full_like(vk, float("-inf"))
         near = positive >= vk - margin
         hit = (positive > vk + margin) | (near & (next_value < positive - margin))
+        hits[:, j] = hit
         undecided[:, j] = near & ~hit
-        counts.hits[k] = int(hit.sum())
-    return undecided
+    return hits.cpu().numpy(), undecided.cpu().numpy()
 
 
 def _decide_block(rows: torch.Tensor, positives: list[torch.Tensor], k: int, rule: str,
-                  topk_device: torch.device) -> tuple[int, int]:
-    """(hits, tie-sensitive queries) among exact score rows (one query per row, on the CPU) at ``k``."""
+                  topk_device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+    """(hit, tie-sensitive) per exact score row (one query per row, on the CPU) at ``k``."""
     kth = torch.topk(rows, k, dim=1).values[:, -1:]
     greater, equal = (rows > kth).sum(dim=1), (rows == kth).sum(dim=1)
     if rule == "topk":  # one call for the block, on the device clip_benchmark ran topk on
         kept = torch.topk(rows.to(topk_device), k, dim=1).indices.cpu()
-    hits = tied = 0
+    hits = np.zeros(len(rows), dtype=bool)
+    tied = np.zeros(len(rows), dtype=bool)
     for i, own in enumerate(positives):
         values = rows[i, own]
-        tied += bool((values == kth[i]).any()) and int(greater[i] + equal[i]) > k
+        tied[i] = bool((values == kth[i]).any()) and int(greater[i] + equal[i]) > k
         if rule == "topk":
-            hits += bool(torch.isin(own, kept[i]).any())
+            hits[i] = bool(torch.isin(own, kept[i]).any())
         else:  # stable: rank = scores above + equal scores at lower indices; the best positive counts
             before = torch.cumsum(rows[i] == values[:, None], dim=1).gather(1, own[:, None]).squeeze(1) - 1
-            hits += bool(((rows[i] > values[:, None]).sum(dim=1) + before).min() < k)
+            hits[i] = bool(((rows[i] > values[:, None]).sum(dim=1) + before).min() < k)
     return hits, tied
 
 
@@ -237,38 +303,66 @@ def recall_counts(captions: torch.Tensor, images: torch.Tensor, caption_image: t
     """(text->image, image->text) hits and tie-sensitive queries per k. ``captions`` and ``images`` are L2-normalised
     float32 rows on the scoring device; ``caption_image[c]`` is the image of caption c; ``host``: the same two
     in host memory if the device is a GPU (the exact rows are computed on the CPU, as clip_benchmark does)."""
+    t2i, i2t = query_outcomes(captions, images, caption_image, ks, budget, rule=rule, topk_device=topk_device,
+                              host=host, places=False)
+    return t2i.counts(ks), i2t.counts(ks)
+
+
+def query_outcomes(captions: torch.Tensor, images: torch.Tensor, caption_image: torch.Tensor, ks: list[int],
+                   budget: int, *, rule: str = "topk", topk_device: torch.device | None = None,
+                   host: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   places: bool = True) -> tuple[QueryOutcomes, QueryOutcomes]:
+    """(text->image, image->text) outcome of every query (arguments as :func:`recall_counts`); with ``places``,
+    each query's best positive, its stable rank and score, and the best-scored candidates."""
     if rule not in ("topk", "stable"):
         raise ValueError(f"unknown tie rule {rule!r}")
     n_c, n_i = len(captions), len(images)
     topk_device = topk_device or captions.device
+    # one value beyond the largest k: whether anything outside the first k comes near a positive at the k-th place
+    depth = max(max(ks) + 1, TOP + 1 if places else 0)
     with torch.inference_mode(), _no_tf32():
-        # one value beyond the largest k: whether anything outside the first k comes near a positive at the k-th place
-        top_t2i, pos_t2i, top_i2t, pos_i2t = scan(captions, images, caption_image, min(max(ks) + 1, n_i),
-                                                  min(max(ks) + 1, n_c), budget)
-    t2i, i2t = DirectionCounts(n_c), DirectionCounts(n_i)
-    open_t2i = _undecided(top_t2i, pos_t2i, ks, n_i, t2i).cpu()
-    open_i2t = _undecided(top_i2t, pos_i2t, ks, n_c, i2t).cpu()
+        counter = PositionCounter(captions, images, caption_image, EPS) if places else None
+        try:
+            scanned = scan(captions, images, caption_image, min(depth, n_i), min(depth, n_c), budget, counter=counter)
+        finally:
+            if counter is not None:
+                counter.close()
+    owner = caption_image.cpu()
     has_caption = torch.zeros(n_i, dtype=torch.bool)
-    has_caption[caption_image.cpu()] = True
-    open_i2t &= has_caption[:, None]  # an image without captions is a miss
-    if not (open_t2i.any() or open_i2t.any()):
+    has_caption[owner] = True
+    hits_t2i, open_t2i = _decisions(scanned.top_t2i, scanned.pos_t2i, ks, n_i)
+    hits_i2t, open_i2t = _decisions(scanned.top_i2t, scanned.pos_i2t, ks, n_c)
+    open_i2t &= has_caption.numpy()[:, None]  # an image without captions is a miss
+    t2i = QueryOutcomes(hits_t2i, np.zeros_like(hits_t2i))
+    i2t = QueryOutcomes(hits_i2t, np.zeros_like(hits_i2t))
+    redo_t2i, redo_i2t = open_t2i.any(axis=1), open_i2t.any(axis=1)
+    if counter is not None:
+        assert scanned.ids_t2i is not None and scanned.ids_i2t is not None  # scanned with the counter
+        ranked_t2i = fill_pass_places(t2i, counter.places("t2i"), scanned.pos_t2i, scanned.top_t2i, scanned.ids_t2i,
+                                      owner.numpy().copy(), n_candidates=n_i, eps=EPS)
+        ranked_i2t = fill_pass_places(i2t, counter.places("i2t"), scanned.pos_i2t, scanned.top_i2t, scanned.ids_i2t,
+                                      best_caption(counter.estimate_t2i, caption_image, n_i), n_candidates=n_c,
+                                      eps=EPS)
+        redo_t2i |= ~ranked_t2i
+        redo_i2t |= ~ranked_i2t
+    if not (redo_t2i.any() or redo_i2t.any()):
         return t2i, i2t
     exact = ExactScores(captions, images, budget, host)
-    owner = caption_image.cpu()
     captions_of = _captions_per_image(owner, n_i)
-    for counts, undecided, blocks, positives_of in (
-            (t2i, open_t2i, exact.caption_rows, lambda q: owner[q : q + 1]),
-            (i2t, open_i2t, exact.image_columns, lambda q: captions_of[q])):
-        queries = torch.nonzero(undecided.any(dim=1)).squeeze(1)
-        counts.decided_exactly = len(queries)
+    for outcome, undecided, redo, blocks, positives_of in (
+            (t2i, open_t2i, redo_t2i, exact.caption_rows, lambda q: owner[q : q + 1]),
+            (i2t, open_i2t, redo_i2t, exact.image_columns, lambda q: captions_of[q])):
+        queries = torch.from_numpy(np.flatnonzero(redo))
+        outcome.decided_exactly = len(queries)
         for ids, rows in blocks(queries):
             for j, k in enumerate(ks):
-                chosen = torch.nonzero(undecided[ids, j]).squeeze(1)
+                chosen = np.flatnonzero(undecided[ids.numpy(), j])
                 if len(chosen):
-                    hits, tied = _decide_block(rows[chosen], [positives_of(int(q)) for q in ids[chosen]], k, rule,
-                                               topk_device)
-                    counts.hits[k] += hits
-                    counts.tied[k] += tied
+                    at = ids.numpy()[chosen]
+                    outcome.hits[at, j], outcome.tied[at, j] = _decide_block(
+                        rows[chosen], [positives_of(int(q)) for q in at], k, rule, topk_device)
+            if counter is not None:
+                fill_exact_places(outcome, ids.numpy(), rows, positives_of)
     return t2i, i2t
 
 

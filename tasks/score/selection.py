@@ -14,28 +14,48 @@ Each metric is the fraction of items, averaged in float32 as clip_benchmark aver
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+
+def selection_outcomes(images: torch.Tensor, texts: torch.Tensor) -> dict[str, np.ndarray]:
+    """Per item of ``images`` (items, m, d) and ``texts`` (items, n, d): ``text_right`` / ``image_right`` (its text
+    and image scores), ``text_tied`` / ``image_tied`` (a tied maximum decided that score: the first index won), and
+    ``text_margin`` / ``image_margin``: the smallest gap, over the item's pairs, between a pair's similarity and the
+    best rival of its image (text side) or caption (image side); NaN where there is no rival (one image)."""
+    n_items, m, _ = images.shape
+    g = min(m, texts.shape[1])
+    gt = torch.arange(g)
+    out = {name: np.zeros(n_items, dtype=bool) for name in ("text_right", "image_right", "text_tied", "image_tied")}
+    out |= {name: np.full(n_items, np.nan) for name in ("text_margin", "image_margin")}
+    for i in range(n_items):
+        scores = images[i] @ texts[i].t()
+        out["text_right"][i] = bool((scores.argmax(dim=1)[:g] == gt).all())
+        out["image_right"][i] = bool((scores.argmax(dim=0)[:g] == gt).all())
+        rows, cols = scores[:g], scores[:, :g]
+        out["text_tied"][i] = bool(((rows == rows.max(dim=1, keepdim=True).values).sum(dim=1) > 1).any())
+        out["image_tied"][i] = bool(((cols == cols.max(dim=0, keepdim=True).values).sum(dim=0) > 1).any())
+        right = scores.diagonal()[:g]
+        for side, rivals in (("text", rows.clone()), ("image", cols.t().clone())):
+            if rivals.shape[1] > 1:  # rivals[j]: the other captions of image j / the other images of caption j
+                rivals[gt, gt] = -torch.inf
+                out[f"{side}_margin"][i] = float((right - rivals.max(dim=1).values).min())
+    return out
 
 
 def selection_accuracy(images: torch.Tensor, texts: torch.Tensor) -> tuple[dict[str, float], int]:
     """``images`` (items, m, d) and ``texts`` (items, n, d): the three accuracies, and how many items have a tied
     maximum that decides one of them (the first index wins there)."""
-    n_items, m, _ = images.shape
-    gt = torch.arange(min(m, texts.shape[1]))
-    image_ok, text_ok, both = [], [], []
-    tied = 0
-    for i in range(n_items):
-        scores = images[i] @ texts[i].t()
-        text_right = bool((scores.argmax(dim=1)[: len(gt)] == gt).all())
-        image_right = bool((scores.argmax(dim=0)[: len(gt)] == gt).all())
-        image_ok.append(image_right)
-        text_ok.append(text_right)
-        both.append(text_right and image_right)
-        rows, cols = scores[: len(gt)], scores[:, : len(gt)]
-        tied += bool(((rows == rows.max(dim=1, keepdim=True).values).sum(dim=1) > 1).any()
-                     or ((cols == cols.max(dim=0, keepdim=True).values).sum(dim=0) > 1).any())
+    return selection_metrics(selection_outcomes(images, texts))
 
-    def mean(flags: list[bool]) -> float:
-        return torch.tensor(flags, dtype=torch.float32).mean().item()
 
-    return {"image_acc": mean(image_ok), "text_acc": mean(text_ok), "acc": mean(both)}, tied
+def selection_metrics(outcomes: dict[str, np.ndarray]) -> tuple[dict[str, float], int]:
+    """The three accuracies from the items' outcomes (each a float32 mean, as clip_benchmark averages), and the
+    tie-sensitive items."""
+    def mean(flags: np.ndarray) -> float:
+        return torch.tensor(flags.tolist(), dtype=torch.float32).mean().item()
+
+    group = outcomes["text_right"] & outcomes["image_right"]
+    tied = int((outcomes["text_tied"] | outcomes["image_tied"]).sum())
+    return {"image_acc": mean(outcomes["image_right"]), "text_acc": mean(outcomes["text_right"]),
+            "acc": mean(group)}, tied

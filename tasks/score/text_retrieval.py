@@ -20,6 +20,8 @@ import numpy as np
 
 from clipcache.tasks.score.ranking import DEFAULT_BLOCK_BYTES, all_positive_ranks
 
+FAMILIES = ("ndcg", "map", "recall", "precision", "mrr")
+
 
 def text_retrieval_metrics(queries: np.ndarray, docs: np.ndarray, relevant: list[np.ndarray],
                            gains: list[np.ndarray], k_values: list[int],
@@ -28,22 +30,28 @@ def text_retrieval_metrics(queries: np.ndarray, docs: np.ndarray, relevant: list
     gains, same order."""
     ranks = all_positive_ranks(queries.astype(np.float32, copy=False), docs.astype(np.float32, copy=False),
                                relevant, block_bytes)
-    out: dict[str, float] = {}
+    return {name: float(values.mean()) for name, values in per_query_metrics(ranks, gains, k_values).items()}
+
+
+def per_query_metrics(ranks: list[np.ndarray], gains: list[np.ndarray], k_values: list[int]
+                      ) -> dict[str, np.ndarray]:
+    """Each metric's value per query (``ndcg@10`` -> one float per query); a metric is the mean of its values.
+    ``ranks[q]``: the 0-based rank of each of query q's relevant docs, ``gains[q]`` their gains. Sums run over the
+    relevant docs in rank order, so the values are reproducible from rows listed in that order."""
+    ordered = [(r[np.argsort(r)], g[np.argsort(r)]) for r, g in zip(ranks, gains, strict=True)]
+    out: dict[str, np.ndarray] = {}
     for k in k_values:
         discounts = 1.0 / np.log2(np.arange(2, k + 2, dtype=np.float64))
         ndcg, ap, recall, precision, rr = [], [], [], [], []
-        for r, g in zip(ranks, gains, strict=True):
+        for r, g in ordered:
             within = r < k
             ideal = np.sort(g)[::-1][:k]
             ndcg.append(float((g[within] * discounts[r[within]]).sum() / (ideal * discounts[: len(ideal)]).sum()))
-            hits = np.sort(r[within])
+            hits = r[within]
             ap.append(float((np.arange(1, len(hits) + 1) / (hits + 1)).sum() / len(r)))
             recall.append(within.sum() / len(r))
             precision.append(within.sum() / k)
-            rr.append(1.0 / (r.min() + 1) if r.min() < k else 0.0)
-        out[f"ndcg@{k}"] = float(np.mean(ndcg))
-        out[f"map@{k}"] = float(np.mean(ap))
-        out[f"recall@{k}"] = float(np.mean(recall))
-        out[f"precision@{k}"] = float(np.mean(precision))
-        out[f"mrr@{k}"] = float(np.mean(rr))
+            rr.append(1.0 / (r[0] + 1) if r[0] < k else 0.0)
+        for family, values in zip(FAMILIES, (ndcg, ap, recall, precision, rr), strict=True):
+            out[f"{family}@{k}"] = np.asarray(values, dtype=np.float64)
     return out

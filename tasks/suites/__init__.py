@@ -30,7 +30,8 @@ HERE = Path(__file__).parent
 # main metric of a dataset of a collection, by task
 DEFAULT_MAIN_METRIC = {"zeroshot_classification": "acc1", "zeroshot_retrieval": "mean_recall@1",
                        "image_caption_selection": "acc", "text_retrieval": "ndcg@10", "any2any_retrieval": "ndcg@10",
-                       "linear_probe": "lp_acc1", "image_clustering": "nmi"}
+                       "linear_probe": "lp_acc1", "image_clustering": "image_clustering_nmi",
+                       "visual_sts": "cosine_spearman", "multiple_choice": "acc1"}
 _MEAN_RECALL = re.compile(r"mean_recall@(\d+)$")
 
 

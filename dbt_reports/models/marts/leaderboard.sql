@@ -2,13 +2,15 @@
 -- task's main metric. Each task declares its main metric (clipcache.tasks.evaluation; passed in as the var
 -- `main_metrics`): the rows of the lowest priority present are averaged, e.g. classification: acc1, else
 -- mean_average_precision for multilabel datasets; retrieval: the mean of image and text recall@5.
+-- ci_low / ci_high: the main metric's 95% interval where it is one metric row that has one (an average of two
+-- metrics has none: the mean of two intervals is not the interval of the mean).
 with main_metrics as (
     {{ main_metrics_table() }}
 ),
 candidates as (
     select
         m.model, m.pretrained, m.checkpoint, m.dataset, m.split, m.language, m.task, m.precision,
-        m.run_id, m.created_at, m.n_samples, m.experiment_id, mm.label, mm.priority, m.value
+        m.run_id, m.created_at, m.n_samples, m.experiment_id, mm.label, mm.priority, m.value, m.ci_low, m.ci_high
     from {{ ref('latest_metrics') }} m
     join main_metrics mm
         on m.task = mm.task and m.metric = mm.metric and coalesce(m.k, -1) = coalesce(mm.k, -1)
@@ -35,7 +37,9 @@ select
     max(created_at) as created_at,
     max(n_samples) as n_samples,
     max(label) as main_metric,
-    avg(value) as main_value
+    avg(value) as main_value,
+    case when count(*) = 1 then max(ci_low) end as ci_low,
+    case when count(*) = 1 then max(ci_high) end as ci_high
 from chosen
 where priority = best
 group by model, checkpoint, dataset, split, language, task, precision

@@ -1,0 +1,109 @@
+"""Multiple choice (MIEB's Any2AnyMultipleChoice / vision-centric QA, e.g. CV-Bench): each question is an image and
+a text, its choices are texts, and the choice most similar to the fused image+question query is the answer given.
+The rule, mteb's exactly (fusion, cosine, pytrec_eval's tie order), is in tasks/score/multiple_choice.py; the layout
+(``questions.jsonl``) in tasks/datasets/mieb_layouts.py.
+
+Three cache entries, each holding what it encodes once: the distinct question images (``question_image``), the
+distinct question texts (``question_text``) and the distinct choice texts (``choice_text``); a rescore reads the
+folder's answers and the cache only. Each question is a sample row (unit ``example``): its answer in ``target``, the
+choice given in ``prediction``, ``correct1`` (acc1 is their mean), ``rank``, ``tied``, ``score``, ``margin``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from clipcache.storage.errors import DatasetError
+from clipcache.tasks.evaluation.base import (
+    DataSource,
+    Encoded,
+    EncodeSettings,
+    EvalTask,
+    Prepared,
+    PromptSettings,
+    Scored,
+    ScoreSettings,
+)
+
+if TYPE_CHECKING:
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.progress import StageProgress
+
+IMAGE, QUESTION, CHOICE = "question_image", "question_text", "choice_text"
+
+
+class MultipleChoice(EvalTask):
+    name = "multiple_choice"
+    short = "multiple_choice"
+    description = "acc1: the choice closest to the image+question query is the answer (MIEB Any2AnyMultipleChoice)"
+    needs = (IMAGE, QUESTION, CHOICE)
+    main_metrics = (("acc", 1, "multiple_choice_acc1", 1),)
+
+    def serves(self, role: str, kind: str) -> bool:
+        return role in self.needs  # no other task writes these roles
+
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+        from clipcache.tasks.datasets import format_root
+        from clipcache.tasks.datasets.mieb_layouts import open_multiple_choice
+
+        if not source.root:
+            raise DatasetError("multiple_choice needs --dataset_root: a folder with questions.jsonl (image, "
+                               "question, choices, answer)")
+        data = open_multiple_choice(source.name, format_root(source.root, source.name), source.split, source.limit)
+        return Prepared(data, len(data.answers), source)
+
+    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
+               settings: EncodeSettings, progress: StageProgress, *,
+               sharded: dict[str, Any] | None = None) -> Encoded:
+        from clipcache.storage.hashing import digest
+        from clipcache.tasks.encode.stage import check_cached, encode_images, encode_texts, image_key_fields
+
+        started = time.perf_counter()
+        data = prepared.data
+        limit = prepared.source.limit
+        image_fields = {**image_key_fields(session, data.images.identity(memo), data.split, limit), "role": IMAGE}
+        memo.save()
+        # a text entry is keyed by its texts: a corrected answer or a new image re-encodes no text
+        texts = {QUESTION: data.questions, CHOICE: data.choices}
+        text_fields = {role: {"role": role, "model": session.resolved.identity, "precision": session.precision,
+                              "dataset": {"format": "multiple_choice", "texts": digest(values)},
+                              "split": data.split, "limit": limit} for role, values in texts.items()}
+        if settings.cached_only:
+            check_cached(store, [(image_fields, f"question image embeddings of {data.name}"),
+                                 *((fields, f"{role.replace('_', ' ')} embeddings of {data.name}")
+                                   for role, fields in text_fields.items())])
+        outcomes = {IMAGE: encode_images(session, data.images, store, image_fields, settings, progress)}
+        for role, values in texts.items():
+            outcomes[role] = encode_texts(session, values, store, text_fields[role], kind=role.split("_")[0],
+                                          batch_size=settings.batch_size, progress=progress, label=data.name,
+                                          meta={"dataset": data.name, "split": data.split})
+        return Encoded(outcomes, seconds=time.perf_counter() - started)
+
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+        import numpy as np
+
+        from clipcache.tasks.score.cached_rows import image_rows, text_vectors
+        from clipcache.tasks.score.multiple_choice import choice_evidence, choice_outcomes
+
+        started = time.perf_counter()
+        data = prepared.data
+        entry = store.open(encoded.outcomes[IMAGE].ref.key)
+        rows = image_rows(entry, len(data.images))[data.question_image]
+        kept = np.flatnonzero(rows >= 0)  # a question whose image did not decode is not asked
+        if not len(kept):
+            raise DatasetError(f"dataset {data.name!r}: no question is left with a decodable image")
+        questions = text_vectors(store.open(encoded.outcomes[QUESTION].ref.key), len(data.questions))
+        choices = text_vectors(store.open(encoded.outcomes[CHOICE].ref.key), len(data.choices))
+        answers = data.answers[kept]
+        outcomes = choice_outcomes(entry.embeddings()[rows[kept]], questions[data.question_text[kept]], choices,
+                                   [data.question_choices[i] for i in kept], answers)
+        metrics = {"acc1": float(outcomes["correct1"].mean())}
+        skipped = len(data.images) - entry.count
+        if skipped:
+            metrics["skipped_images"] = float(skipped)
+        keys = [data.keys[i] for i in kept] if data.keys else None
+        evidence = choice_evidence(outcomes, answers, kept, resamples=settings.bootstrap, keys=keys)
+        return Scored(metrics, len(kept), {"acc1": int(outcomes["tied"].sum())}, time.perf_counter() - started,
+                      evidence=evidence)

@@ -1,0 +1,222 @@
+"""Where each retrieval query's best positive ranks, found during the recall pass (tasks/score/retrieval_pass.py).
+
+The rank is ranking.py's stable rule on clip_benchmark's matrix (torch's float32 product on the CPU): 1 + the
+candidates scored above the best positive + the candidates scored equal to it at lower indices. The pass's tiles
+may come from another kernel (NumPy's product, cuBLAS), whose scores differ from that matrix's by ~1e-7, so the
+tiles only decide what no such difference can change:
+
+- before the pass, each query's best positive score is estimated (row dot products: one more kernel, same error);
+- on every tile, per query of each direction, two counts against that estimate ``p`` with margin ``m`` (EPS):
+  candidates above ``p + m`` (above in any kernel's scores) and candidates at or above ``p - m``;
+- a query with exactly one candidate within ``[p - m, p + m]`` (its best positive itself) has rank above + 1 in
+  every kernel; the others (an exact or near tie with the best positive, or two near-equal positives) are placed on
+  their exact rows, which the pass recomputes for undecided recall queries anyway.
+
+The 3 best candidates come from the pass's running top-k, kept with their indices (ordered by score, equal scores
+by lower index); a query where two of the first 4 scores lie within the margin is placed on its exact row too, so
+``top`` is the stable order of clip_benchmark's matrix for every query.
+
+The counts are four comparisons per tile element, in row chunks that stay in the cache, split between threads
+(NumPy's comparisons are several times faster than torch's on the CPU and release the GIL); on a GPU they are torch
+operations on the tile. On the CPU they add about a fifth to the pass (benchmarks/sample_rows.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from clipcache.tasks.score.ranking import best_positive, rank_of_positive_in_row, stable_top
+
+if TYPE_CHECKING:
+    from clipcache.tasks.score.retrieval_pass import QueryOutcomes
+
+TOP = 3  # best-scored candidates kept per query (a report shows them)
+CHUNK_ROWS = 64  # rows of a tile compared at once: a chunk of 16,384 columns stays in the last-level cache
+DOT_BLOCK = 8192  # query rows per block of the positive-score estimate
+
+
+class PositionCounter:
+    """Per query of both directions, while the tiles go by: the candidates above the best positive's estimated score
+    by more than the margin (``above``) and those within the margin (``near``, the best positive included)."""
+
+    def __init__(self, captions: torch.Tensor, images: torch.Tensor, caption_image: torch.Tensor, eps: float):
+        n_c, n_i = len(captions), len(images)
+        estimate = torch.empty(n_c, device=captions.device)
+        for lo in range(0, n_c, DOT_BLOCK):
+            hi = min(lo + DOT_BLOCK, n_c)
+            if captions.device.type == "cpu":  # NumPy's row dot products: several times faster than torch's here
+                estimate.numpy()[lo:hi] = np.einsum("ij,ij->i", captions[lo:hi].numpy(),
+                                                    images.numpy()[caption_image[lo:hi].numpy()])
+            else:
+                estimate[lo:hi] = (captions[lo:hi] * images[caption_image[lo:hi]]).sum(dim=1)
+        per_image = torch.full((n_i,), float("-inf"), device=captions.device)
+        per_image.scatter_reduce_(0, caption_image, estimate, reduce="amax")
+        self.estimate_t2i, self.estimate_i2t = estimate, per_image
+        self._bounds = {}
+        for name, p in (("t2i", estimate), ("i2t", per_image)):
+            margin = eps * torch.clamp(p.abs(), min=1.0)
+            self._bounds[name] = (p + margin, p - margin)
+        self._cpu = captions.device.type == "cpu"
+        self._threads = torch.get_num_threads()
+        self._executor: ThreadPoolExecutor | None = None
+        if self._cpu:  # NumPy views of the bounds, and int64 counts (a chunk adds int32 column sums)
+            self._np = {name: (hi.numpy(), lo.numpy()) for name, (hi, lo) in self._bounds.items()}
+        device = captions.device
+        self.above_t2i = torch.zeros(n_c, dtype=torch.int64, device=device)
+        self.at_least_t2i = torch.zeros(n_c, dtype=torch.int64, device=device)
+        self.above_i2t = torch.zeros(n_i, dtype=torch.int64, device=device)
+        self.at_least_i2t = torch.zeros(n_i, dtype=torch.int64, device=device)
+
+    def add(self, tile: torch.Tensor, c0: int, c1: int, i0: int, i1: int) -> None:
+        """Count one tile: captions c0:c1 (its rows) x images i0:i1 (its columns)."""
+        if self._cpu:
+            self._add_numpy(tile.numpy(), c0, c1, i0, i1)
+            return
+        hi, lo = self._bounds["t2i"]
+        self.above_t2i[c0:c1] += (tile > hi[c0:c1, None]).sum(dim=1)
+        self.at_least_t2i[c0:c1] += (tile >= lo[c0:c1, None]).sum(dim=1)
+        hi, lo = self._bounds["i2t"]
+        self.above_i2t[i0:i1] += (tile > hi[None, i0:i1]).sum(dim=0)
+        self.at_least_i2t[i0:i1] += (tile >= lo[None, i0:i1]).sum(dim=0)
+
+    def _add_numpy(self, x: np.ndarray, c0: int, c1: int, i0: int, i1: int) -> None:
+        # NumPy's comparisons run on one core and release the GIL: the tile's rows are split between threads
+        parts = np.array_split(np.arange(len(x)), max(1, min(self._threads, len(x) // CHUNK_ROWS)))
+        spans = [(int(p[0]), int(p[-1]) + 1) for p in parts if len(p)]
+        if len(spans) == 1:
+            columns = [self._count_rows(x, c0, i0, i1, *spans[0])]
+        else:
+            columns = list(self._pool().map(lambda span: self._count_rows(x, c0, i0, i1, *span), spans))
+        for col_above, col_at_least in columns:
+            self.above_i2t.numpy()[i0:i1] += col_above
+            self.at_least_i2t.numpy()[i0:i1] += col_at_least
+
+    def _count_rows(self, x: np.ndarray, c0: int, i0: int, i1: int, start: int, stop: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Count rows start:stop of a tile into the row counts; return their column counts."""
+        (row_hi, row_lo), (col_hi, col_lo) = self._np["t2i"], self._np["i2t"]
+        col_hi, col_lo = col_hi[i0:i1], col_lo[i0:i1]
+        above, at_least = self.above_t2i.numpy(), self.at_least_t2i.numpy()
+        col_above = np.zeros(i1 - i0, dtype=np.int64)
+        col_at_least = np.zeros(i1 - i0, dtype=np.int64)
+        mask = np.empty((min(CHUNK_ROWS, stop - start), i1 - i0), dtype=bool)
+        for lo in range(start, stop, CHUNK_ROWS):
+            chunk = x[lo : min(lo + CHUNK_ROWS, stop)]
+            rows = slice(c0 + lo, c0 + lo + len(chunk))
+            m = mask[: len(chunk)]
+            np.greater(chunk, row_hi[rows, None], out=m)
+            above[rows] += np.count_nonzero(m, axis=1)
+            np.greater_equal(chunk, row_lo[rows, None], out=m)
+            at_least[rows] += np.count_nonzero(m, axis=1)
+            np.greater(chunk, col_hi, out=m)  # column sums over the bytes of the mask: a contiguous reduction
+            col_above += np.add.reduce(m.view(np.uint8), axis=0, dtype=np.int32)
+            np.greater_equal(chunk, col_lo, out=m)
+            col_at_least += np.add.reduce(m.view(np.uint8), axis=0, dtype=np.int32)
+        return col_above, col_at_least
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self._threads, thread_name_prefix="clipcache-count")
+        return self._executor
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
+
+    def places(self, direction: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(1 + candidates clearly above the best positive, whether that is its exact stable rank: nothing but the
+        best positive lies within the margin of it) per query of ``direction`` (t2i or i2t)."""
+        above, at_least = (self.above_t2i, self.at_least_t2i) if direction == "t2i" else \
+            (self.above_i2t, self.at_least_i2t)
+        return above + 1, at_least - above == 1
+
+
+def best_caption(estimate: torch.Tensor, caption_image: torch.Tensor, n_images: int) -> np.ndarray:
+    """Per image, its caption with the highest estimated score (lowest index among equal ones); -1 without one.
+    Only used where that caption is the only one within the margin, so the estimate's kernel does not matter."""
+    score, owner = estimate.cpu().numpy(), caption_image.cpu().numpy()
+    order = np.lexsort((np.arange(len(owner)), -score, owner))
+    first = np.r_[True, owner[order][1:] != owner[order][:-1]] if len(order) else np.empty(0, bool)
+    best = np.full(n_images, -1, dtype=np.int64)
+    best[owner[order][first]] = order[first]
+    return best
+
+
+def sorted_with_ids(values: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's values descending, equal values by lower id, and their ids in the same order."""
+    by_id = torch.argsort(ids, dim=1)
+    values, ids = values.gather(1, by_id), ids.gather(1, by_id)
+    by_value = torch.sort(values, dim=1, descending=True, stable=True).indices
+    return values.gather(1, by_value), ids.gather(1, by_value)
+
+
+def top_per_column(x: torch.Tensor, k: int, group: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """retrieval_pass.top_values_per_column with the row of each value: the k largest values of every column
+    (unsorted) and their row indices."""
+    rows, width = x.shape
+    if rows < 8 * k * group:
+        found = torch.topk(x, min(k, rows), dim=0, sorted=False)
+        return found.values, found.indices
+    usable = rows // group * group
+    grouped = x[:usable].unflatten(0, (usable // group, group))  # (groups, group, width)
+    best = torch.topk(grouped.amax(dim=1), k, dim=0, sorted=False).indices  # (k, width)
+    picked = grouped[best, :, torch.arange(width, device=x.device)[None, :]]  # (k, width, group)
+    candidates = picked.permute(0, 2, 1).reshape(k * group, width)  # slot s: member s % group of group best[s // group]
+    if usable < rows:
+        candidates = torch.cat([candidates, x[usable:]], dim=0)
+    found = torch.topk(candidates, k, dim=0, sorted=False)
+    slot = found.indices
+    in_group = slot < k * group
+    slot_group = best.gather(0, torch.where(in_group, slot // group, 0))
+    row = torch.where(in_group, slot_group * group + slot % group, usable + slot - k * group)
+    return found.values, row
+
+
+def merge_top(current: tuple[torch.Tensor, torch.Tensor] | None, new: tuple[torch.Tensor, torch.Tensor], k: int,
+              dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest of two (values, ids) sets along ``dim``, with their ids."""
+    values, ids = new if current is None else (torch.cat([current[0], new[0]], dim=dim),
+                                               torch.cat([current[1], new[1]], dim=dim))
+    found = torch.topk(values, min(k, values.shape[dim]), dim=dim, sorted=False)
+    return found.values, ids.gather(dim, found.indices)
+
+
+def fill_pass_places(outcome: QueryOutcomes, places: tuple[torch.Tensor, torch.Tensor], score: torch.Tensor,
+                     top: torch.Tensor, ids: torch.Tensor, positive: np.ndarray, *, n_candidates: int,
+                     eps: float) -> np.ndarray:
+    """Fill ``outcome``'s places from the pass (``places``: :meth:`PositionCounter.places`; ``score``, ``top``,
+    ``ids``: the best positive's score and the top scores with their candidates, sorted); returns which queries'
+    places are exact as found (the others are placed on their exact rows)."""
+    rank, exact = places
+    exact = exact | torch.from_numpy(positive < 0).to(exact.device)  # no positive: no rank to decide
+    # the best candidates' order (and which are the best) is the exact matrix's unless two of them, or the last
+    # and the next one, are within the margin
+    for j in range(min(TOP, top.shape[1] - 1)):
+        exact &= top[:, j] - top[:, j + 1] > eps * torch.clamp(top[:, j].abs(), min=1.0)
+    outcome.positive = positive
+    outcome.rank = np.where(positive >= 0, rank.cpu().numpy(), 0)
+    outcome.score = np.where(positive >= 0, score.cpu().numpy().astype(np.float64), np.nan)
+    outcome.top = ids[:, : min(TOP, n_candidates)].cpu().numpy()
+    return exact.cpu().numpy()
+
+
+def fill_exact_places(outcome: QueryOutcomes, queries: np.ndarray, rows: torch.Tensor,
+                      positives_of: Callable[[int], torch.Tensor]) -> None:
+    """Places of ``queries`` from their exact score rows: ranking.py's rule on clip_benchmark's numbers."""
+    assert outcome.positive is not None and outcome.rank is not None and outcome.score is not None \
+        and outcome.top is not None
+    scores = rows.numpy()
+    own = [positives_of(int(q)).numpy() for q in queries]
+    at = np.flatnonzero([len(p) > 0 for p in own])
+    if len(at):
+        best = best_positive(scores[at], [own[i] for i in at])
+        outcome.positive[queries[at]] = best
+        outcome.rank[queries[at]] = rank_of_positive_in_row(scores[at], best) + 1
+        outcome.score[queries[at]] = scores[at, best]
+    outcome.top[queries] = stable_top(scores, outcome.top.shape[1])
