@@ -74,10 +74,10 @@ class EvaluateParams(BaseModel):
                                                           "image_labels, wds/<name>, a catalog name, a clip_benchmark "
                                                           "collection (vtab, vtab+, retrieval, imagenet_robustness, "
                                                           "sugar_crepe) or a file of names")
-    dataset_root: str | None = Field(None, description="dataset folder, or a template with {dataset} / "
-                                                       "{dataset_cleaned}; for custom: the folder with "
     suite: str | None = Field(None, description="a suite (clipcache suite list, or a suite .yaml file): its datasets "
                                                 "are evaluated, each with its own task, besides any --dataset")
+    dataset_root: str | None = Field(None, description="dataset folder, or a template with {dataset} / "
+                                                       "{dataset_cleaned}; for custom: the folder with "
                                                        "image_queries.jsonl; for text_retrieval: a BEIR folder")
     hub: Literal["huggingface", "modelscope"] = Field(
         "huggingface", description="where hosted datasets named without dataset_root are downloaded from")
@@ -139,14 +139,6 @@ class EvaluateParams(BaseModel):
                                                     "(clip_benchmark's --dump_templates)")
     verbose: bool = Field(True, description="progress bars")
 
-    @field_validator("language", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
-
-    @field_validator("split", "train_split", "val_split")
-    @classmethod
-    def _plain_split(cls, value: str | None) -> str | None:
     @model_validator(mode="before")
     @classmethod
     def _suite_datasets(cls, data: Any) -> Any:
@@ -174,6 +166,14 @@ class EvaluateParams(BaseModel):
             data = {**data, "datasets": list(dict.fromkeys([*(data.get("datasets") or []), *names]))}
         return data
 
+    @field_validator("language", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("split", "train_split", "val_split")
+    @classmethod
+    def _plain_split(cls, value: str | None) -> str | None:
         return plain_name(value)
 
     @field_validator("output")

@@ -113,10 +113,10 @@ def load_sugar_crepe(name: str, root: Path, split: str, limit: int | None) -> Se
             rows[path] = len(rows)
         item_images.append([rows[path]])
         captions.append([item["caption"], item["negative_caption"]])
+        ds.item_keys.append(str(key))
     ds.sources = list(rows)
     ds.item_images = np.asarray(item_images, dtype=np.int64)
     return ds
-        ds.item_keys.append(str(key))
 
 
 def _read_table(file: Path) -> Any:
@@ -160,17 +160,17 @@ def load_winoground(name: str, root: Path, split: str, limit: int | None) -> Sel
         if missing:
             raise DatasetError(f"{file}: not Winoground data (no column {', '.join(sorted(missing))})")
         captions = zip(table.column("caption_0").to_pylist(), table.column("caption_1").to_pylist(), strict=True)
+        ids = table.column("id").to_pylist() if "id" in table.column_names else [f"{file.name}#{r}"
+                                                                                for r in range(table.num_rows)]
         for row, pair in enumerate(captions):
             if limit is not None and len(item_images) >= limit:
                 break
-        ids = table.column("id").to_pylist() if "id" in table.column_names else [f"{file.name}#{r}"
-                                                                                for r in range(table.num_rows)]
             first = len(ds.sources)
             ds.sources += [(file, row, "image_0"), (file, row, "image_1")]
             item_images.append([first, first + 1])
             texts.append(list(pair))
+            ds.item_keys.append(str(ids[row]))
     if not item_images:
         raise DatasetError(f"dataset {name!r}: {files[0]} has no items")
     ds.item_images = np.asarray(item_images, dtype=np.int64)
-            ds.item_keys.append(str(ids[row]))
     return ds
