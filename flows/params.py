@@ -18,6 +18,8 @@ from clipcache.storage.errors import ClipcacheError, ConfigError
 from clipcache.tasks.contract import (
     BATCH_SIZE,
     DataSource,
+    DecodeMode,
+    DecodePoolKind,
     EncodeSettings,
     OnBadImage,
     PromptSettings,
@@ -113,7 +115,13 @@ class EvaluateParams(BaseModel):
     normalize: str = Field("true", description="linear_probe: L2-normalised features, clip_benchmark's default "
                                                "(the only choice: the cache holds normalised embeddings)")
     batch_size: PositiveInt = Field(BATCH_SIZE, description="images or texts per forward pass")
-    num_workers: int = Field(EncodeSettings.num_workers, ge=0, description="image decoding threads")
+    num_workers: int | None = Field(EncodeSettings.num_workers, ge=0, description="image decoding workers "
+                                    "(default: one per CPU core available; 0: decode in the encoding thread)")
+    decode: DecodeMode = Field("cpu", description="where images are decoded and resized: cpu (PIL, as "
+                                                  "clip_benchmark), or gpu (nvJPEG on the CUDA device; other "
+                                                  "numbers, cached apart)")
+    decode_pool: DecodePoolKind = Field(EncodeSettings.decode_pool, description="what decodes on the CPU: "
+                                        "processes, threads, or auto (processes from 4,096 images); same numbers")
     limit: PositiveInt | None = Field(None, description="evaluate exactly the first N samples")
     amp: bool = Field(False, description="mixed precision: bf16 on CPU, fp16 on CUDA (default fp32, for parity)")
     device: str = Field("auto", description="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
@@ -305,13 +313,14 @@ class EvaluateParams(BaseModel):
         return RunSettings(
             task=self.task, source=source, languages=tuple(self.language),
             prompts=PromptSettings(classnames=self.classnames, templates=self.templates),
-            encode=EncodeSettings(self.batch_size, self.num_workers, self.on_bad_image, cached_only),
+            encode=EncodeSettings(self.batch_size, self.num_workers, self.on_bad_image, cached_only,
+                                  decode_pool=self.decode_pool),
             score=ScoreSettings(tuple(self.recall_k), tuple(self.retrieval_metrics), batch_size=self.batch_size,
                                 bootstrap=self.bootstrap),
             options=self.option_values(),
             output=OutputSettings(output_dir=self.output_dir, template=self.output, skip_existing=self.skip_existing,
                                   dump_classnames=self.dump_classnames, dump_templates=self.dump_templates),
-            cache_dir=self.cache_dir, amp=self.amp)
+            cache_dir=self.cache_dir, amp=self.amp, decode=self.decode)
 
 
 def plain_name(value: str | None) -> str | None:

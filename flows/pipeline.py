@@ -89,7 +89,7 @@ class RunOutcome:
 
 
 def prepare_model(spec: ModelSpec, memo: FileHashMemo, device: str, amp: bool, model_cache_dir: str | None,
-                  progress: StageProgress | None = None) -> Any:
+                  progress: StageProgress | None = None, *, decode: str = "cpu") -> Any:
     """A session for ``spec``: its identity resolved, its device chosen; weights load on first encode."""
     from clipcache.tasks.encode.stage import ModelSession
     from clipcache.tasks.models.devices import effective_amp, precision_name, resolve_device
@@ -100,7 +100,7 @@ def prepare_model(spec: ModelSpec, memo: FileHashMemo, device: str, amp: bool, m
     torch_device = resolve_device(device)
     amp = effective_amp(torch_device, amp)
     return ModelSession(resolved, torch_device, amp, precision_name(torch_device, amp), model_cache_dir,
-                        progress=progress)
+                        progress=progress, decode=decode)
 
 
 def choose_task(task: str, dataset: str, dataset_root: str | None) -> EvalTask:
@@ -117,7 +117,8 @@ def experiment_for(spec: ModelSpec, session: Any, task: EvalTask, prepared: Prep
         model=spec.display_name, checkpoint=session.resolved.checkpoint, dataset=source.name,
         split=source.split, language=source.language, task=task.name, precision=session.precision,
         sample_limit=source.limit, prompts=prepared.prompts_sha256, default_prompts=prepared.default_prompts,
-        options=options_json({**task.options(settings), **annotation_option(source.annotation_file)}),
+        options=options_json({**task.options(settings), **annotation_option(source.annotation_file),
+                              **decode_option(session.decode, task)}),
         pretrained=session.resolved.checkpoint_label,
         model_dir=spec.basename)
 
@@ -135,6 +136,12 @@ def full_when_untruncated(task: EvalTask, prepared: Prepared, prompts: PromptSet
         if probe.n_samples > limit:
             return prepared
     return replace(prepared, source=replace(prepared.source, limit=None))
+
+
+def decode_option(decode: str, task: EvalTask) -> dict[str, str]:
+    """GPU decoding makes other image vectors, so another experiment (the default, cpu, adds nothing: existing
+    experiment ids stay)."""
+    return {"decode": decode} if decode != "cpu" and "image" in task.needs else {}
 
 
 def annotation_option(path: str | None) -> dict[str, str]:
@@ -257,6 +264,10 @@ def run_evaluation(params: EvaluateParams, stages: Stages, cached_only: bool) ->
     check_location(params.cache_dir, "cache_dir")
     check_location(params.output_dir, "output_dir")
     check_prompt_files(params)
+    if params.decode == "gpu" and not cached_only:  # a rescore decodes nothing: it reads what GPU decoding cached
+        from clipcache.tasks.encode.gpu_decode import check_gpu_decoding
+
+        check_gpu_decoding(params.device)
     run = RunInfo(new_run_id(), datetime.now(UTC))
     started = time.perf_counter()
     store = EmbeddingStore(params.cache_dir)
@@ -277,7 +288,8 @@ def run_evaluation(params: EvaluateParams, stages: Stages, cached_only: bool) ->
                                              device=params.device, model_cache_dir=params.model_cache_dir)
             for spec in params.models:
                 session = stages.run("prepare-model", f"model-{spec.display_name}", prepare_model, spec, memo,
-                                     params.device, params.amp, params.model_cache_dir, progress)
+                                     params.device, params.amp, params.model_cache_dir, progress,
+                                     decode=params.decode)
                 device = str(session.device)
                 sessions.append(session)
                 for dataset in params.datasets:
@@ -328,6 +340,7 @@ def eval_command(settings: RunSettings, spec: ModelSpec, source: DataSource, opt
                 ("--language", None if source.language == "en" else source.language),
                 ("--annotation_file", source.annotation_file),
                 ("--limit", source.limit),
+                ("--decode", None if settings.decode == "cpu" else settings.decode),
                 ("--cache_dir", None if settings.cache_dir == "cache" else settings.cache_dir)]
     for flag, value in optional:
         if value is not None:

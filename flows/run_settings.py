@@ -65,3 +65,4 @@ class RunSettings:
     output: OutputSettings
     cache_dir: str  # for the command a rescore's cache miss suggests
     amp: bool
+    decode: str = "cpu"  # --decode (the model sessions carry it; named here for that command too)

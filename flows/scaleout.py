@@ -120,7 +120,8 @@ class ShardedEncoder:
         self._dims: dict[str, int] = {}
 
     def _worker_model(self, session: ModelSession) -> WorkerModel:
-        return WorkerModel(session.resolved, self.device, session.amp, session.precision, self.model_cache_dir)
+        return WorkerModel(session.resolved, self.device, session.amp, session.precision, self.model_cache_dir,
+                           decode=session.decode)
 
     def _dim(self, model: WorkerModel) -> int:
         key = entry_key({"model": model.resolved.identity, "precision": model.precision})

@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # naming tasks and validating parameters must not import rich
 BATCH_SIZE = 64  # clip_benchmark's --batch_size: images or texts per forward pass, and logits per scoring block
 Ties = Literal["topk", "stable"]
 OnBadImage = Literal["error", "skip"]
+DecodeMode = Literal["cpu", "gpu"]  # where images are decoded and preprocessed (gpu: nvJPEG, its own cache identity)
+DecodePoolKind = Literal["auto", "processes", "threads"]  # what decodes on the CPU (tasks/encode/batches.py)
 
 
 class CacheMissError(ClipcacheError):
@@ -91,10 +93,11 @@ class SeededOptions(TaskOptions):
 @dataclass(frozen=True)
 class EncodeSettings:
     batch_size: int = BATCH_SIZE
-    num_workers: int = 2
+    num_workers: int | None = None  # image-decoding processes or threads; None: the cores available
     on_bad_image: OnBadImage = "error"
     cached_only: bool = False  # rescore: everything but never-seen class prompts must come from the cache
     options: TaskOptions | None = None  # the task's options (TaskOptions.of); linear_probe's choose its splits
+    decode_pool: DecodePoolKind = "auto"  # never changes a vector: processes and threads decode alike
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,9 @@ class SelectionDataset(EvalDataset):
         file, row, column = source
         return f"{file} row {row} column {column}"
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_tables": {}}  # a decoding worker process reads the tables it needs itself
+
     def read_image_bytes(self, index: int) -> bytes:
         source = self.sources[index]
         if isinstance(source, Path):

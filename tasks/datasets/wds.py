@@ -97,6 +97,10 @@ class WebDataset(EvalDataset):
             raise DatasetError(f"{self.describe(index)}: shard ends before the member does (truncated file?)")
         return data
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a decoding worker process opens the shards itself: descriptors are numbers valid only in this process
+        return {**self.__dict__, "_handles": {}}
+
     def close(self) -> None:
         for fd in self._handles.values():
             os.close(fd)

@@ -35,7 +35,8 @@ from clipcache.storage.paths import AnyPath, rmtree
 from clipcache.storage.zarr_io import member, open_group
 from clipcache.tasks.contract import DataSource, EncodeSettings
 from clipcache.tasks.datasets.base import EvalDataset
-from clipcache.tasks.encode.stage import ModelSession, distinct_captions, iter_image_batches
+from clipcache.tasks.encode.batches import model_batches
+from clipcache.tasks.encode.stage import ModelSession, distinct_captions
 from clipcache.tasks.models.loader import ResolvedModel
 
 log = logging.getLogger("clipcache.encode")
@@ -73,6 +74,7 @@ class WorkerModel:
     amp: bool
     precision: str
     model_cache_dir: str | None = None
+    decode: str = "cpu"  # --decode: part of the image entry's key, so every worker decodes alike
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +111,7 @@ _datasets: dict[str, EvalDataset] = {}
 def worker_session(model: WorkerModel) -> ModelSession:
     from clipcache.tasks.models.devices import precision_name, resolve_device
 
-    key = canonical_json([model.resolved.identity, model.device, model.amp])
+    key = canonical_json([model.resolved.identity, model.device, model.amp, model.decode])
     with _lock:
         if key not in _sessions:
             device = resolve_device(_gpu_of_this_worker() if model.device == "auto" else model.device)
@@ -118,7 +120,8 @@ def worker_session(model: WorkerModel) -> ModelSession:
                 raise ModelError(f"this worker runs {model.device!r} as {device} ({precision}) but the entry is "
                                  f"keyed {model.precision}: give workers the same kind of device as the flow "
                                  f"(or pass --device explicitly)")
-            _sessions[key] = ModelSession(model.resolved, device, model.amp, precision, model.model_cache_dir)
+            _sessions[key] = ModelSession(model.resolved, device, model.amp, precision, model.model_cache_dir,
+                                          decode=model.decode)
         return _sessions[key]
 
 
@@ -167,14 +170,15 @@ def encode_shard(job: ShardJob) -> ShardDone:
         done = json.loads(marker.read_text())
         return ShardDone(job.lo, job.hi, 0, tuple(done["skipped"]), cached=True)
     dataset = worker_dataset(job.source, job.identity)
-    model = worker_session(job.model).model
+    session = worker_session(job.model)
+    model = session.model
     group = open_group(store.partial_path(job.key), "r+")
     skipped: list[int] = []
     if job.role == "image":
         # rows of skipped images stay zero here; publish_sharded drops them (a shard may even skip every image)
         out = np.zeros((job.hi - job.lo, member(group, "embeddings").shape[1]), dtype=np.float32)
-        for batch in iter_image_batches(dataset, model.image_transform, job.lo, job.settings.batch_size,
-                                        job.settings.num_workers, stop=job.hi):
+        for batch in model_batches(model, dataset, job.lo, job.settings, device=session.device,
+                                   decode=session.decode, stop=job.hi):
             if batch.errors and job.settings.on_bad_image == "error":
                 raise DatasetError(f"{batch.errors[0][1]} (use --on_bad_image skip to skip such images)")
             for index, message in batch.errors:

@@ -7,11 +7,8 @@ once per :class:`ModelSession`, and only when some entry is missing from the cac
 from __future__ import annotations
 
 import logging
-from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -24,6 +21,8 @@ from clipcache.storage.hashing import digest
 from clipcache.storage.text_pool import PoolLookup, TextPool, text_sha256
 from clipcache.tasks.contract import CacheMissError, EncodeSettings
 from clipcache.tasks.datasets.base import EvalDataset
+from clipcache.tasks.encode.batches import ImageBatch, iter_image_batches, model_batches  # noqa: F401 (re-exported)
+from clipcache.tasks.encode.overlap import BackgroundWriter, DeviceFeeder
 from clipcache.tasks.models.base import EmbeddingModel
 from clipcache.tasks.models.loader import ResolvedModel
 from clipcache.tasks.models.resolve import load_model
@@ -41,6 +40,7 @@ class ModelSession:
     amp: bool
     precision: str
     model_cache_dir: str | None = None
+    decode: str = "cpu"  # where images are decoded (--decode): gpu is another preprocessing, keyed apart
     _model: EmbeddingModel | None = field(default=None, repr=False)
     loads: int = 0
     progress: StageProgress | None = field(default=None, repr=False)
@@ -75,8 +75,10 @@ class EncodeOutcome:
 
 
 def image_key_fields(session: ModelSession, dataset_identity: dict[str, Any], split: str, limit: int | None) -> dict:
+    # the decode mode only where it is not the default: every key made before --decode existed stays valid
+    decode = {"decode": session.decode} if session.decode != "cpu" else {}
     return {"role": "image", "model": session.resolved.identity, "precision": session.precision,
-            "dataset": dataset_identity, "split": split, "limit": limit}
+            "dataset": dataset_identity, "split": split, "limit": limit, **decode}
 
 
 def caption_key_fields(session: ModelSession, dataset_identity: dict[str, Any], split: str, limit: int | None) -> dict:
@@ -138,64 +140,6 @@ def encode_prompts(session: ModelSession, prompts: list[str], store: EmbeddingSt
     return PromptOutcome(pool.pool, pool.lookup(prompts), encoded)
 
 
-def _load_item(dataset: EvalDataset, transform: Any, index: int) -> tuple[int, torch.Tensor | None, str | None]:
-    """Decode and transform one image; a bad image is reported back, not raised, so the caller decides (error or
-    skip) and the message names the file instead of being buried in a worker traceback."""
-    try:
-        return index, transform(dataset.load_image(index)), None
-    except DatasetError as e:
-        return index, None, str(e)
-
-
-def _collate(items: list[tuple[int, torch.Tensor | None, str | None]]) -> ImageBatch:
-    ok = [(i, t) for i, t, err in items if t is not None]
-    errors = [(i, err) for i, _, err in items if err is not None]
-    indices = np.array([i for i, _ in ok], dtype=np.int64)
-    return ImageBatch(indices, torch.stack([t for _, t in ok]) if ok else None, errors)
-
-
-@dataclass
-class ImageBatch:
-    indices: np.ndarray  # dataset positions of the decoded images, in order
-    pixels: torch.Tensor | None
-    errors: list[tuple[int, str]]
-
-    @property
-    def size(self) -> int:
-        return len(self.indices) + len(self.errors)
-
-
-def iter_image_batches(dataset: EvalDataset, transform: Any, start: int, batch_size: int,
-                       num_workers: int, stop: int | None = None) -> Iterator[ImageBatch]:
-    """Batches of decoded images from position ``start`` up to ``stop`` (default: the end), in dataset order.
-
-    ``num_workers`` threads decode batches ahead of the model. Threads rather than DataLoader processes: PIL and
-    torchvision release the GIL while decoding and resizing, threads start instantly (a process pool costs seconds
-    per run), nothing needs pickling, and forking a process that runs Prefect's threads kills the children (seen
-    here: workers exited with code 1 inside a flow run).
-    """
-    end = len(dataset) if stop is None else min(stop, len(dataset))
-    ranges = (range(lo, min(lo + batch_size, end)) for lo in range(start, end, batch_size))
-
-    def load(batch: range) -> ImageBatch:
-        return _collate([_load_item(dataset, transform, i) for i in batch])
-
-    if num_workers <= 0:
-        yield from map(load, ranges)
-        return
-    pool = ThreadPoolExecutor(num_workers, thread_name_prefix="clipcache-decode")
-    try:
-        pending = deque(pool.submit(load, b) for b in islice(ranges, 2 * num_workers))
-        while pending:
-            batch = pending.popleft().result()
-            following = next(ranges, None)
-            if following is not None:
-                pending.append(pool.submit(load, following))
-            yield batch
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
 def _cache_hit(store: EmbeddingStore, key_fields: dict) -> EncodeOutcome:
     return EncodeOutcome(store.open(entry_key(key_fields), key_fields).ref(), cache_hit=True)
 
@@ -217,10 +161,12 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
         # exactly the composition of an uninterrupted run, so the vectors are bit-identical (batched matmuls need
         # not give the same bits for a row in a batch of another size).
         batch_size = settings.batch_size
-        batches = iter_image_batches(dataset, model.image_transform, (start // batch_size) * batch_size,
-                                     batch_size, settings.num_workers)
+        batches = model_batches(model, dataset, (start // batch_size) * batch_size, settings, device=session.device,
+                                decode=session.decode)
+        feeder = DeviceFeeder(model, session.device)
         encoded = 0
-        with progress.track(f"encode images  {dataset.name}", len(dataset), "img") as advance:
+        with progress.track(f"encode images  {dataset.name}", len(dataset), "img") as advance, \
+                closing(batches), BackgroundWriter(writer) as sink:
             advance(start)
             for batch in batches:
                 errors = [(i, message) for i, message in batch.errors if i >= start]
@@ -234,9 +180,10 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
                         indices = batch.indices[keep]
                         extra = {"target": labels[indices]} if labels is not None and "target" in aux else {}
                         # a batch-invariant model (an API) is asked only for rows not yet committed
-                        vectors = (model.encode_images(batch.pixels[torch.from_numpy(keep)]) if model.batch_invariant
-                                   else model.encode_images(batch.pixels)[keep])
-                        writer.add(vectors, indices, **extra)
+                        vectors = (feeder.encode(batch.pixels[torch.from_numpy(keep)], batch=batch)
+                                   if model.batch_invariant else
+                                   feeder.encode(batch.pixels, keep=None if keep.all() else keep, batch=batch))
+                        sink.add(vectors, indices, **extra)
                         encoded += len(indices)
                 advance(int((batch.indices >= start).sum()) + len(errors))
         if writer.dim is None:

@@ -31,6 +31,11 @@ class EmbeddingModel(ABC):
     def image_transform(self, image: Image.Image) -> torch.Tensor:
         """PIL image -> (3, H, W) tensor; must be thread-safe (decoding threads call it)."""
 
+    def portable_image_transform(self) -> Any | None:
+        """``image_transform`` as a picklable object that decoding worker processes can run, or None when it needs
+        this model object (then images are decoded in threads of the encoding process)."""
+        return None
+
     @abstractmethod
     def encode_images(self, pixels: torch.Tensor) -> np.ndarray: ...
 
@@ -59,11 +64,16 @@ class TwoTowerModel(EmbeddingModel):
             return value.to(self.device, non_blocking=True)
         return {k: v.to(self.device, non_blocking=True) for k, v in value.items()}
 
-    def encode_images(self, pixels: torch.Tensor) -> np.ndarray:
+    def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """L2-normalised float32 image vectors, left on the model's device: on CUDA nothing here waits for the
+        device, so the encode stage can overlap copies and writes with the forward pass (tasks/encode/overlap.py)."""
         # Same operations as clip_benchmark: encode under autocast (if any), F.normalize, then float32.
         with torch.inference_mode(), autocast(self.device, self.amp):
             features = F.normalize(self._encode_image(self._to_device(pixels)), dim=-1)
-        return features.float().cpu().numpy()
+        return features.float()
+
+    def encode_images(self, pixels: torch.Tensor) -> np.ndarray:
+        return self.image_features(pixels).cpu().numpy()
 
     def encode_texts(self, texts: list[str]) -> np.ndarray:
         with torch.inference_mode(), autocast(self.device, self.amp):

@@ -59,6 +59,9 @@ class HFClipModel(TwoTowerModel):
     def image_transform(self, image: Image.Image) -> torch.Tensor:
         return self.transform(image)
 
+    def portable_image_transform(self) -> Any:
+        return self.transform
+
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
         # SigLIP was trained with fixed-length padding and pools the last token: it must be padded to max_length.
         padding = "max_length" if self.model_type.startswith("siglip") else True

@@ -82,6 +82,9 @@ class OpenClipModel(TwoTowerModel):
     def image_transform(self, image: Image.Image) -> torch.Tensor:
         return self.transform(image)
 
+    def portable_image_transform(self) -> Any:
+        return self.transform
+
     def tokenize(self, texts: list[str]) -> torch.Tensor:
         return self.tokenizer(texts)
 

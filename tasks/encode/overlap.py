@@ -1,0 +1,120 @@
+"""Keep the device busy: copies and cache writes overlap the forward pass instead of following it.
+
+- :class:`DeviceFeeder` (CUDA): the batch's host-to-device copy runs on a copy stream from pinned memory (so the
+  next batch's copy overlaps the current forward pass), the forward pass is queued without waiting, and the vectors
+  come back by an asynchronous device-to-host copy into pinned memory, finished when a CUDA event says so. On the
+  CPU (and for models without ``image_features``) it simply calls ``encode_images``.
+- :class:`BackgroundWriter`: the cache writer's ``add`` (Zarr chunk writes, commits) runs in one thread behind a
+  bounded queue, so storage never stalls the loop that feeds the device. Its error is raised in the encoding thread
+  at the next batch or at the end (the same exception: a full disk stays a full disk); rows committed before it
+  stay committed, so a rerun resumes.
+
+The vectors are the same bits as ``encode_images``: the same operations in the same order on the same batches;
+only when the host waits for them moves. Verified here on the CPU; the CUDA path follows torch's documented stream
+and event API and is measured by benchmarks/input_pipeline.py where a GPU is present.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import torch
+
+MAX_WAITING = 4  # batches of vectors between the encoding thread and the writer thread
+
+
+class PendingVectors:
+    """Vectors being copied back from the device; ``result()`` waits for them (in the writer thread)."""
+
+    def __init__(self, host: torch.Tensor | np.ndarray, event: Any = None, keep: np.ndarray | None = None):
+        self._host, self._event, self._keep = host, event, keep
+
+    def result(self) -> np.ndarray:
+        if self._event is not None:
+            self._event.synchronize()
+        values = self._host.numpy() if isinstance(self._host, torch.Tensor) else self._host
+        return values if self._keep is None else values[self._keep]
+
+
+class DeviceFeeder:
+    def __init__(self, model: Any, device: torch.device):
+        self.model = model
+        self.overlap = device.type == "cuda" and callable(getattr(model, "image_features", None))
+        self.copy_stream = torch.cuda.Stream(device=device) if self.overlap else None
+        self.device = device
+
+    def encode(self, pixels: torch.Tensor, *, keep: np.ndarray | None = None,
+               batch: Any = None) -> PendingVectors:
+        """Start encoding ``pixels`` (rows ``keep`` of the result are wanted; all when None). ``batch``: the
+        ImageBatch they came from, told when its memory may be reused."""
+        stream = self.copy_stream
+        if stream is None:
+            return PendingVectors(self.model.encode_images(pixels), keep=keep)
+        compute = torch.cuda.current_stream(self.device)
+        with torch.inference_mode():
+            if pixels.device.type != "cuda":
+                with torch.cuda.stream(stream):
+                    on_device = pixels.to(self.device, non_blocking=True)
+                    copied = torch.cuda.Event()
+                    copied.record(stream)
+                if batch is not None:
+                    batch.release_after(copied)  # the pinned slot is free once the copy is done
+                compute.wait_event(copied)
+                on_device.record_stream(compute)  # its memory belongs to the compute stream's work now
+            else:
+                on_device = pixels
+            features = self.model.image_features(on_device)
+            host = torch.empty(features.shape, dtype=features.dtype, pin_memory=True)
+            host.copy_(features, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(compute)
+        return PendingVectors(host, done, keep)
+
+
+class BackgroundWriter:
+    """``writer.add(vectors, positions, **extra)`` in a thread of its own; use as a context manager."""
+
+    def __init__(self, writer: Any, depth: int = MAX_WAITING):
+        self.writer = writer
+        self._queue: queue.Queue[tuple[PendingVectors, np.ndarray, dict[str, np.ndarray]] | None] = \
+            queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="clipcache-cache-writer", daemon=True)
+
+    def __enter__(self) -> BackgroundWriter:
+        self._thread.start()
+        return self
+
+    def add(self, vectors: PendingVectors, positions: np.ndarray, **extra: np.ndarray) -> None:
+        while True:
+            self._raise_failure()
+            try:
+                self._queue.put((vectors, positions, extra), timeout=0.2)
+                return
+            except queue.Full:
+                continue  # the writer is busy; look again whether it failed meanwhile
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._error is not None:
+                continue  # failed: drain, so the encoding thread never blocks on a full queue
+            vectors, positions, extra = item
+            try:
+                self.writer.add(vectors.result(), positions, **extra)
+            except BaseException as e:  # noqa: B036 (handed to the encoding thread, which raises it)
+                self._error = e
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._queue.put(None)  # what is queued is still written: those rows are valid and keep a resume short
+        self._thread.join()
+        if kind is None:
+            self._raise_failure()
