@@ -141,7 +141,8 @@ def full_when_untruncated(task: EvalTask, prepared: Prepared, prompts: PromptSet
 def decode_option(decode: str, task: EvalTask) -> dict[str, str]:
     """GPU decoding makes other image vectors, so another experiment (the default, cpu, adds nothing: existing
     experiment ids stay)."""
-    return {"decode": decode} if decode != "cpu" and "image" in task.needs else {}
+    images = any(role == "image" or role.endswith("_image") for role in task.needs)  # any2any, visual STS, ...
+    return {"decode": decode} if decode != "cpu" and images else {}
 
 
 def annotation_option(path: str | None) -> dict[str, str]:

@@ -229,6 +229,9 @@ def test_the_decode_mode_enters_identity_only_when_not_the_default(session):
     classification = get_task("zeroshot_classification")
     assert decode_option("cpu", classification) == {}
     assert decode_option("gpu", classification) == {"decode": "gpu"}
+    for name in ("any2any_retrieval", "visual_sts", "multiple_choice"):  # their image roles have other names
+        assert decode_option("gpu", get_task(name)) == {"decode": "gpu"}
+    assert decode_option("gpu", get_task("text_retrieval")) == {}  # no image is decoded
 
 
 def test_device_preprocessing_runs_and_stays_close_to_pil(session, jpeg_folder):
