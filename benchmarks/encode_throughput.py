@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clipcache.storage.embedding_store import EmbeddingStore  # noqa: E402
 from clipcache.storage.hashing import FileHashMemo  # noqa: E402
+from clipcache.tasks.contract import EncodeSettings  # noqa: E402
 from clipcache.tasks.datasets import open_dataset  # noqa: E402
 from clipcache.tasks.datasets.shapes import load_shapes  # noqa: E402
 from clipcache.tasks.encode.stage import ModelSession, encode_images, image_key_fields  # noqa: E402
@@ -84,7 +85,7 @@ def clipcache_encode(root: Path, batch_size: int, num_workers: int, amp: bool) -
         store = EmbeddingStore(cache)
         start = time.perf_counter()
         out = encode_images(session, ds, store, image_key_fields(session, ds.identity(memo), "test", None),
-                            batch_size, num_workers, "error", StageProgress(enabled=False))
+                            EncodeSettings(batch_size, num_workers, "error"), StageProgress(enabled=False))
         seconds = time.perf_counter() - start
         return seconds, store.open(out.ref.key).embeddings()
 
