@@ -14,7 +14,6 @@ import json
 import math
 import os
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from clipcache.storage.arrow_columns import from_numpy, list_array, strings
 from clipcache.storage.atomic import atomic_write, atomic_write_json
 from clipcache.storage.paths import AnyPath, as_path
 
@@ -103,27 +103,6 @@ SAMPLE_SCHEMA = pa.schema([
 ])
 
 
-@dataclass(frozen=True)
-class Ragged:
-    """A list column whose rows differ in length (NumPy arrays): row i is ``values[offsets[i]:offsets[i + 1]]``."""
-
-    offsets: Any  # int32, one more than the rows
-    values: Any
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    @classmethod
-    def from_mask(cls, mask: Any, labels: Any) -> Ragged:
-        """Row i lists ``labels[j]`` for every j where ``mask[i, j]``, in order (e.g. the ks at which a query hits)."""
-        import numpy as np
-
-        mask = np.asarray(mask, dtype=bool)
-        offsets = np.zeros(len(mask) + 1, dtype=np.int32)
-        np.cumsum(mask.sum(axis=1), out=offsets[1:])
-        return cls(offsets, np.broadcast_to(np.asarray(labels, dtype=np.int32), mask.shape)[mask])
-
-
 def new_run_id() -> str:
     return uuid.uuid4().hex[:16]
 
@@ -187,46 +166,6 @@ def write_run_row(output_dir: str | Path, row: dict[str, Any]) -> Path:
     return _write_table(path, [row], RUN_SCHEMA)
 
 
-def _from_numpy(values: Any, type_: pa.DataType) -> pa.Array:
-    """An Arrow array over a NumPy array's buffer. pyarrow's converters (pa.array) import pandas, half a second of
-    every CLI call; buffers do not. A masked array's masked entries are nulls."""
-    import numpy as np
-
-    validity = None
-    if isinstance(values, np.ma.MaskedArray):
-        present = ~np.ma.getmaskarray(values)
-        validity = pa.py_buffer(np.packbits(present, bitorder="little"))
-        values = values.filled(0)
-    if pa.types.is_boolean(type_):
-        bits = np.packbits(np.asarray(values, dtype=bool), bitorder="little")
-        return pa.Array.from_buffers(type_, len(values), [validity, pa.py_buffer(bits)])
-    dtype = {pa.int64(): np.int64, pa.int32(): np.int32, pa.float64(): np.float64}.get(type_, np.int64)
-    data = np.ascontiguousarray(values, dtype=dtype)
-    return pa.Array.from_buffers(type_, len(data), [validity, pa.py_buffer(data)])
-
-
-def _list_array(values: Any) -> pa.Array:
-    """A list<int32> column from a 2-D array (rows of one width) or a :class:`Ragged`."""
-    import numpy as np
-
-    if isinstance(values, Ragged):
-        offsets, flat = np.asarray(values.offsets, dtype=np.int32), values.values
-    else:
-        grid = np.ascontiguousarray(values, dtype=np.int32)
-        offsets, flat = np.arange(len(grid) + 1, dtype=np.int32) * grid.shape[1], grid.ravel()
-    return pa.ListArray.from_arrays(_from_numpy(offsets, pa.int32()), _from_numpy(flat, pa.int32()))
-
-
-def _strings(texts: list[str]) -> pa.Array:
-    import numpy as np
-
-    encoded = [t.encode("utf-8") for t in texts]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
-    np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets),
-                                                             pa.py_buffer(b"".join(encoded))])
-
-
 def write_sample_rows(output_dir: str | Path, run_id: str, *, created_at: datetime, experiment_id: str, task: str,
                       unit: str, columns: dict[str, Any], keys: list[str] | None = None) -> Path:
     """Per-sample outcomes (NumPy arrays by column; a masked array's masked entries are nulls; a list column is a
@@ -235,22 +174,22 @@ def write_sample_rows(output_dir: str | Path, run_id: str, *, created_at: dateti
 
     n = len(next(iter(columns.values())))
     micros = int(created_at.timestamp() * 1_000_000)
-    fixed = {"run_id": _strings([run_id] * n), "experiment_id": _strings([experiment_id] * n),
-             "task": _strings([task] * n), "unit": _strings([unit] * n),
-             "created_at": _from_numpy(np.full(n, micros, dtype=np.int64), pa.int64()).view(
+    fixed = {"run_id": strings([run_id] * n), "experiment_id": strings([experiment_id] * n),
+             "task": strings([task] * n), "unit": strings([unit] * n),
+             "created_at": from_numpy(np.full(n, micros, dtype=np.int64), pa.int64()).view(
                  pa.timestamp("us", tz="UTC")),
-             "sample_index": _from_numpy(columns["sample_index"] if "sample_index" in columns else np.arange(n),
+             "sample_index": from_numpy(columns["sample_index"] if "sample_index" in columns else np.arange(n),
                                          pa.int64()),
-             "sample_key": _strings(keys) if keys is not None else pa.nulls(n, pa.string()),
-             "schema_version": _from_numpy(np.full(n, SCHEMA_VERSION), pa.int32())}
+             "sample_key": strings(keys) if keys is not None else pa.nulls(n, pa.string()),
+             "schema_version": from_numpy(np.full(n, SCHEMA_VERSION), pa.int32())}
     arrays = []
     for field in physical_schema(SAMPLE_SCHEMA):
         if field.name in fixed:
             arrays.append(fixed[field.name])
         elif pa.types.is_list(field.type) and field.name in columns:
-            arrays.append(_list_array(columns[field.name]))
+            arrays.append(list_array(columns[field.name]))
         elif field.name in columns:
-            arrays.append(_from_numpy(columns[field.name], field.type))
+            arrays.append(from_numpy(columns[field.name], field.type))
         else:
             arrays.append(pa.nulls(n, field.type))
     table = pa.Table.from_arrays(arrays, schema=physical_schema(SAMPLE_SCHEMA))

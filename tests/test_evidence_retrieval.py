@@ -18,8 +18,9 @@ from test_retrieval_pass import tied_data, unit
 
 from clipcache import connect
 from clipcache.flows.cli import main
+from clipcache.storage.arrow_columns import Ragged
 from clipcache.storage.compaction import compact
-from clipcache.storage.results import Ragged, new_run_id, write_run_row, write_sample_rows
+from clipcache.storage.results import new_run_id, write_run_row, write_sample_rows
 from clipcache.tasks.score import retrieval_pass
 from clipcache.tasks.score.intervals import _blocks, interval, mean_statistic, percentile_interval
 from clipcache.tasks.score.ranking import stable_top

@@ -57,6 +57,8 @@ def recv(sock: socket.socket) -> tuple[tuple[Any, ...], list[int]]:
         if not n:
             raise EOFError("the other side closed the connection mid-message")
         got += n
+    # trusted: the only peer is the parent process, over a socketpair it made and passed to this process alone; the
+    # payload is the dataset index and transform it built itself (no data or model file is unpickled here)
     return pickle.loads(body), fds
 
 

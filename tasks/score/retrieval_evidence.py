@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from clipcache.storage.results import Ragged
+from clipcache.storage.arrow_columns import Ragged
 from clipcache.tasks.score.evidence import Evidence, Interval
 from clipcache.tasks.score.intervals import interval, mean_statistic
 from clipcache.tasks.score.ranking import DEFAULT_BLOCK_BYTES, ranked_positives
