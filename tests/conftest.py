@@ -126,6 +126,25 @@ def write_image_queries(root: Path, n: int = 12, relative_to: str = "file") -> P
     return data_dir
 
 
+def perturbed_tiny_model(dst: Path, spread: float = 0.35) -> Path:
+    """A copy of the bundled model with seeded noise (``spread`` x each matrix's std) on its image tower's weight
+    matrices: a second checkpoint that is measurably worse, for comparing checkpoints."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(TINY_MODEL, dst)
+    weights = load_file(dst / "open_clip_model.safetensors")
+    generator = torch.Generator().manual_seed(0)
+    for name, value in weights.items():
+        if value.is_floating_point() and "visual" in name and value.ndim == 2:
+            noise = spread * value.float().std() * torch.randn(value.shape, generator=generator)
+            weights[name] = (value.float() + noise).to(value.dtype)
+    save_file(weights, dst / "open_clip_model.safetensors")
+    return dst
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     assert (TINY_MODEL / "open_clip_config.json").exists(), "bundled model missing; run scripts/train_tiny_model.py"

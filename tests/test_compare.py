@@ -4,15 +4,12 @@ the JSON, and `clipcache compare` pairs two checkpoints sample by sample (its fl
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
 from clipcache.storage.warehouse import connect
 
-from conftest import TINY_MODEL
+from conftest import perturbed_tiny_model
 from hostile import assert_refused, run_cli
 
 COMMON = ["--dataset", "shapes", "--quiet", "--orchestrator", "local"]
@@ -25,14 +22,7 @@ def work(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("compare")
     perturbed = root / "perturbed"
-    shutil.copytree(TINY_MODEL, perturbed)
-    weights = load_file(perturbed / "open_clip_model.safetensors")
-    generator = torch.Generator().manual_seed(0)
-    for name, value in weights.items():
-        if value.is_floating_point() and "visual" in name and value.ndim == 2:
-            noise = 0.35 * value.float().std() * torch.randn(value.shape, generator=generator)
-            weights[name] = (value.float() + noise).to(value.dtype)
-    save_file(weights, perturbed / "open_clip_model.safetensors")
+    perturbed_tiny_model(perturbed)
     dirs = ["--output_dir", str(root / "out"), "--cache_dir", str(root / "cache")]
     for model in ("tiny-shapes-clip", f"local-dir:{perturbed}"):
         assert main(["eval", "--model", model, *COMMON, "--limit", "300", *dirs]) == 0

@@ -15,12 +15,10 @@ from pathlib import Path
 
 import duckdb
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
 from clipcache.storage.warehouse import connect
 
-from conftest import TINY_MODEL
+from conftest import perturbed_tiny_model
 from hostile import Tree, assert_refused, run_cli
 
 COMMON = ["--dataset", "shapes", "shapes_retrieval", "--quiet", "--orchestrator", "local", "--limit", "250"]
@@ -45,14 +43,7 @@ def work(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("report-compare")
     perturbed = root / "perturbed"
-    shutil.copytree(TINY_MODEL, perturbed)
-    weights = load_file(perturbed / "open_clip_model.safetensors")
-    generator = torch.Generator().manual_seed(0)
-    for name, value in weights.items():
-        if value.is_floating_point() and "visual" in name and value.ndim == 2:
-            noise = 0.35 * value.float().std() * torch.randn(value.shape, generator=generator)
-            weights[name] = (value.float() + noise).to(value.dtype)
-    save_file(weights, perturbed / "open_clip_model.safetensors")
+    perturbed_tiny_model(perturbed)
     dirs = ["--output_dir", str(root / "out"), "--cache_dir", str(root / "cache")]
     assert main(["eval", "--model", "tiny-shapes-clip", f"local-dir:{perturbed}", *COMMON, *dirs]) == 0
     return root

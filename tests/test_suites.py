@@ -4,14 +4,11 @@ scores labelled, intervals from the per-sample rows and the rank check, and `eva
 from __future__ import annotations
 
 import json
-import shutil
 from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
 from clipcache.storage.errors import ConfigError
 from clipcache.storage.warehouse import connect
@@ -21,7 +18,7 @@ from clipcache.tasks.suites import load_suite, metric_parts, shipped
 from clipcache.tasks.suites.scoring import score_suite
 from clipcache.tasks.suites.sql import register
 
-from conftest import TINY_MODEL
+from conftest import perturbed_tiny_model
 from hostile import assert_refused, run_cli
 from test_warehouse import T0, write_run
 
@@ -150,13 +147,7 @@ def evaluated(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("suites")
     perturbed = root / "perturbed"
-    shutil.copytree(TINY_MODEL, perturbed)
-    weights = load_file(perturbed / "open_clip_model.safetensors")
-    generator = torch.Generator().manual_seed(0)
-    for name, value in weights.items():
-        if value.is_floating_point() and "visual" in name and value.ndim == 2:
-            weights[name] = value + 0.35 * value.std() * torch.randn(value.shape, generator=generator)
-    save_file(weights, perturbed / "open_clip_model.safetensors")
+    perturbed_tiny_model(perturbed)
     dirs = ["--output_dir", str(root / "out"), "--cache_dir", str(root / "cache"), "--quiet", "--orchestrator",
             "local"]
     assert main(["eval", "--suite", "shapes", "--model", "tiny-shapes-clip", *dirs]) == 0
