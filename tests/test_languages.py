@@ -30,6 +30,18 @@ def test_a_200_class_subset_maps_class_by_class():
     assert localize(subset, "imagenet-a", "en") is subset
 
 
+@pytest.mark.parametrize("language", ["cn", "jp", "ar", "it"])
+def test_the_1000_classes_map_one_to_one_despite_the_two_repeated_english_names(language):
+    """ImageNet's English list names "missile" (657, 744) and "sunglasses" (836, 837) twice; each class keeps its own
+    name in the other language, as clip_benchmark's per-language lists have them."""
+    data = imagenet_prompts()
+    full = localize(ClassPrompts(list(data["en"]["classnames"]), ["a photo of a {c}."]), "imagenet1k", language)
+    assert full.classnames == data[language]["classnames"]
+    picked = [657, 836]  # the first of each pair, alone, as ImageNet-R keeps "missile" (657)
+    subset = localize(ClassPrompts([data["en"]["classnames"][i] for i in picked], ["a {c}"]), "imagenet-r", language)
+    assert subset.classnames == [data[language]["classnames"][i] for i in picked]
+
+
 def test_other_datasets_name_their_languages():
     with pytest.raises(ConfigError, match=r"'jp' is not available for dataset 'shapes' \(available: en;"):
         localize(ClassPrompts(["red circle"], ["a {c}"]), "shapes", "jp")

@@ -28,13 +28,30 @@ def languages() -> list[str]:
     return sorted(imagenet_prompts())
 
 
+def imagenet_positions(names: list[str], english: list[str]) -> list[int | None]:
+    """Each of ``names``'s index among ImageNet's 1,000 English class names. Two names occur twice there ("missile":
+    classes 657 and 744; "sunglasses": 836 and 837), so a name takes its first occurrence after the previous class's:
+    the 1,000-class lists map one to one, and the 200-class subsets, which keep ImageNet's order, to their own
+    classes (ImageNet-R's "missile" is 657, as clip_benchmark's masked lists have it)."""
+    where: dict[str, list[int]] = {}
+    for i, name in enumerate(english):
+        where.setdefault(name, []).append(i)
+    positions: list[int | None] = []
+    last = -1
+    for name in names:
+        found = where.get(name, [])
+        position = next((i for i in found if i > last), found[0] if found else None)
+        positions.append(position)
+        last = position if position is not None else last
+    return positions
+
+
 def localize(prompts: ClassPrompts, dataset: str, language: str) -> ClassPrompts:
     """``prompts`` (English, from the dataset) in ``language``; ConfigError if that language is not available."""
     if language == prompts.language:
         return prompts
     data = imagenet_prompts()
-    index = {name: i for i, name in enumerate(data["en"]["classnames"])}
-    positions = [index.get(name) for name in prompts.classnames]
+    positions = imagenet_positions(prompts.classnames, data["en"]["classnames"])
     if language not in data or any(p is None for p in positions):
         available = [prompts.language] + ([lang for lang in languages() if lang != prompts.language]
                                           if all(p is not None for p in positions) else [])
