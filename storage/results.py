@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from clipcache.storage.arrow_columns import from_numpy, list_array, strings
@@ -229,7 +230,7 @@ def _compacted_sources(path: AnyPath, table: str) -> tuple[set[str], str | None]
         return set(), f"{path}: not a readable Parquet file ({_one_line(e)})"
     if not pa.types.is_string(column.type):
         return set(), f"{path}: not a clipcache {table} file (column {SOURCE_COLUMN} is {column.type}, not string)"
-    counts = {row["values"]: row["counts"] for row in pa.compute.value_counts(column).to_pylist() if row["values"]}
+    counts = {row["values"]: row["counts"] for row in pc.value_counts(column).to_pylist() if row["values"]}
     # A file it names that is still there (a compaction interrupted before its sources went) must be one it holds
     # whole, row for row: one that names files it does not hold would hide, and `results compact` would delete,
     # rows it does not have.
@@ -255,7 +256,7 @@ def _holds(compacted: pa.Table, source: AnyPath, name: str, table: str) -> bool:
     except (OSError, pa.ArrowException):
         return True  # the source's own problem is named when it is read
     columns = [c for c in V1_COLUMNS[table] if c in rows.column_names and c in compacted.column_names]
-    mine = compacted.filter(pa.compute.equal(compacted.column(SOURCE_COLUMN), name))
+    mine = compacted.filter(pc.equal(compacted.column(SOURCE_COLUMN), name))
     if len(mine) != len(rows):
         return False
 
@@ -345,4 +346,4 @@ def file_problem(path: AnyPath, table: str) -> str | None:
 def schema_versions(path: AnyPath) -> set[int]:
     with path.open("rb") as fh:
         table = pq.read_table(fh, columns=["schema_version"])
-    return {int(v) for v in pa.compute.unique(table.column("schema_version")).to_pylist() if v is not None}
+    return {int(v) for v in pc.unique(table.column("schema_version")).to_pylist() if v is not None}

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -241,3 +242,13 @@ def test_dbt_build_and_report_in_a_real_browser(history, tmp_path):
     px = np.asarray(img).reshape(-1, 3).astype(int)
     r, g, b = px[:, 0], px[:, 1], px[:, 2]
     assert ((b > 150) & (r < 120)).any() and ((r > 230) & (g > 110) & (g < 150) & (b < 60)).any()
+
+
+def test_a_fresh_process_reads_a_compacted_warehouse(history):
+    """Reading compacted files uses pyarrow.compute, which ``import pyarrow`` alone does not load: a new process
+    (nothing else imported) must still answer after ``results compact``."""
+    compact(history, "metrics")
+    code = "import sys; from clipcache import connect; print(connect(sys.argv[1]).sql('select count(*) from metrics'" \
+           ").fetchall())"
+    done = subprocess.run([sys.executable, "-c", code, str(history)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[(32,)]", done.stderr[-2000:]
