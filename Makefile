@@ -26,11 +26,15 @@ $(STAMP): pyproject.toml examples/clipcache-plugin-example/pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/clipcache eval --model tiny-shapes-clip --dataset shapes shapes_retrieval --output_dir outputs --cache_dir cache
 
+# One pytest worker per core (pytest-xdist), each running torch on one thread (tests/conftest.py); a test file stays
+# on one worker (--dist loadfile), so its module fixtures are built once. PYTEST_PARALLEL= runs in one process.
+PYTEST_PARALLEL ?= -n auto --dist loadfile
+
 test: lint
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest $(PYTEST_PARALLEL)
 
 test-fast: $(STAMP)
-	$(VENV)/bin/python -m pytest -m "not full" -q
+	$(VENV)/bin/python -m pytest -m "not full" -q $(PYTEST_PARALLEL)
 
 test-faults: $(STAMP)
 	$(VENV)/bin/python -m pytest -q tests/test_faults.py tests/test_bad_input_corpus.py

@@ -21,6 +21,12 @@ os.environ["MODELSCOPE_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "CRITICAL")
+# One intra-op thread per test process and per CLI it starts (before torch or NumPy is imported): `make test` runs one
+# pytest worker per core (pytest-xdist), and the tiny models' small matrices gain nothing from a second thread that
+# would compete with the other worker (measured under contention: 4x the CPU time for the same text encodes). Tests
+# of the multi-threaded paths set their thread count themselves.
+for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_MODEL = REPO / "tasks" / "models" / "assets" / "tiny-shapes-clip"

@@ -83,6 +83,24 @@ def test_each_querys_hits_are_clip_benchmarks_and_its_rank_the_stable_rank(seed,
     assert (i2t.counts(ks).hits, i2t.counts(ks).tied) == (counts_i2t.hits, counts_i2t.tied)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_threaded_cpu_count_equals_one_thread_and_clip_benchmark(threads):
+    """On the CPU a tile's rows are counted in chunks on a pool of torch's thread count (the suite itself runs with
+    one thread per worker): 390 captions make several chunks of CHUNK_ROWS rows."""
+    images, captions, caption_image = tied_data(7, n_images=195)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        t2i, i2t = outcomes(images, captions, caption_image, [1, 5], 1 << 26)
+    finally:
+        torch.set_num_threads(before)
+    for j, k in enumerate([1, 5]):
+        ref_t2i, ref_i2t = clip_benchmark_hits(images, captions, caption_image, k)
+        assert (t2i.hits[:, j] == ref_t2i).all() and (i2t.hits[:, j] == ref_i2t).all(), k
+    ranks_t2i, ranks_i2t = retrieval_ranks(images, captions, caption_image)
+    assert (t2i.rank == ranks_t2i + 1).all() and (i2t.rank == ranks_i2t + 1).all()
+
+
 @pytest.mark.parametrize("width", [16, 23])
 def test_ranks_and_top_across_narrow_image_tiles_on_distinct_scores(width, monkeypatch):
     """No ties: every place comes from the pass's counts (no exact row), across several image tiles."""

@@ -15,6 +15,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ import pytest
 
 from clipcache.storage.embedding_store import EmbeddingStore
 
+from cli_zygote import Zygote
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -45,7 +47,32 @@ def env(**extra: str) -> dict[str, str]:
     return {**base, "CLIPCACHE_CHUNK_ROWS": "32", **extra}
 
 
+_zygote: Zygote | None = None
+_zygote_lock = threading.Lock()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_zygote():
+    yield
+    global _zygote
+    if _zygote is not None:
+        _zygote.close()
+        _zygote = None
+
+
 def run(argv: list[str], work: Path, **extra: str) -> subprocess.CompletedProcess:
+    """The CLI as a process of its own, forked from a zygote that imported torch once (tests/cli_zygote.py): the
+    kills and re-runs here are ~40 CLI starts. The console script itself runs in the tests below that start it with
+    Popen (two runs at once, killed CLIs) and in test_a_cli_with_a_private_server_exits_cleanly."""
+    global _zygote
+    work.mkdir(parents=True, exist_ok=True)
+    with _zygote_lock:
+        if _zygote is None:
+            _zygote = Zygote()
+    return _zygote.run(argv, work, env(PREFECT_HOME=str(work / "prefect"), **extra), timeout=300)
+
+
+def run_console_script(argv: list[str], work: Path, **extra: str) -> subprocess.CompletedProcess:
     work.mkdir(parents=True, exist_ok=True)
     return subprocess.run([str(CLI), *argv], cwd=work, env=env(PREFECT_HOME=str(work / "prefect"), **extra),
                           capture_output=True, text=True, timeout=300)
@@ -221,7 +248,7 @@ def test_a_killed_cli_leaves_no_prefect_server_behind(tmp_path, how):
 
 
 def test_a_cli_with_a_private_server_exits_cleanly(tmp_path):
-    done = run(["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "40", "--orchestrator",
+    done = run_console_script(["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "40", "--orchestrator",
                 "prefect", "--quiet", "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")],
                tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]

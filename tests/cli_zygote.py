@@ -1,0 +1,142 @@
+"""Start the clipcache CLI as a forked child of a process that has already imported torch, torchvision,
+transformers and open_clip (the fault-injection tests run it dozens of times; those imports are ~8 s of each start
+on a 2-core machine, the run itself 2-3 s).
+
+The forked child is a real process of its own: a fail point's SIGKILL kills it and nothing else, its files are
+written by its own file descriptors, and its exit status comes back as ``subprocess.run`` reports it (``-9`` for
+SIGKILL). What changes from a fresh interpreter is only which modules are already in memory, and those are chosen
+to read nothing per run at import: clipcache itself, Prefect and everything that reads ``CLIPCACHE_*`` or
+``PREFECT_*`` variables are imported by the child, after its environment and working folder are set.
+
+The zygote runs no Python thread besides its main one (checked at start-up): forking a process that runs threads can
+copy a lock held by a thread that does not exist in the child. (NumPy's OpenBLAS starts an idle native worker at
+import; OpenBLAS re-initialises its pool after a fork, as every ``multiprocessing`` fork of a NumPy process relies on.) Each request is one connection: the zygote forks a waiter, the
+waiter forks the CLI, reports its pid, waits for it and reports the exit status.
+
+    zygote = Zygote()                       # ~8 s, once
+    done = zygote.run(["eval", ...], cwd, env, timeout=300)   # a subprocess.CompletedProcess
+    zygote.close()
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+
+PRELOAD = ("numpy", "PIL.Image", "torch", "torchvision", "transformers", "open_clip")
+
+
+class Zygote:
+    def __init__(self) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="clipcache-zygote-")
+        self._address = str(Path(self._dir.name) / "socket")
+        self._proc = subprocess.Popen([sys.executable, __file__, self._address], stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        ready = self._proc.stdout.readline().strip()
+        if ready != "ready":
+            self.close()
+            raise RuntimeError(f"the CLI zygote did not start: {ready!r}")
+
+    def run(self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+        name = uuid.uuid4().hex
+        out, err = Path(self._dir.name) / f"{name}.out", Path(self._dir.name) / f"{name}.err"
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(self._address)
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            conn.settimeout(timeout)
+            lines = conn.makefile("r")
+            pid = int(json.loads(lines.readline())["pid"])
+            try:
+                answer = lines.readline()
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(["clipcache", *argv], timeout) from None
+        returncode = int(json.loads(answer)["returncode"])
+        texts = [p.read_text(errors="replace") if p.exists() else "" for p in (out, err)]
+        for p in (out, err):
+            p.unlink(missing_ok=True)
+        return subprocess.CompletedProcess(["clipcache", *argv], returncode, texts[0], texts[1])
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+        self._dir.cleanup()
+
+
+# --- the zygote process ---------------------------------------------------------------------------------------
+
+
+def _cli(request: dict) -> int:
+    """Runs in the forked CLI process: what ``clipcache <argv>`` would do, then exit without returning."""
+    code = 1
+    try:
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        sys.argv = ["clipcache", *request["argv"]]
+        from clipcache.flows.cli import main
+
+        code = main(request["argv"])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # what the interpreter would print before exiting 1
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            import atexit
+
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _serve(address: str) -> None:
+    for name in PRELOAD:
+        __import__(name)
+    if threading.active_count() != 1:
+        print(f"{threading.active_count()} Python threads after the imports; forking would be unsafe", flush=True)
+        return
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(address)
+    server.listen(16)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # waiters are reaped by the kernel
+    print("ready", flush=True)
+    while True:
+        conn, _ = server.accept()
+        if os.fork() == 0:  # the waiter
+            server.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            request = json.loads(conn.makefile("r").readline())
+            pid = os.fork()
+            if pid == 0:
+                conn.close()
+                _cli(request)
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            _, status = os.waitpid(pid, 0)
+            conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+            os._exit(0)
+        conn.close()
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])
