@@ -29,6 +29,7 @@ import pyarrow as pa
 from clipcache.storage.errors import ConfigError, ResultsError
 from clipcache.storage.paths import AnyPath, as_path, is_remote, url
 from clipcache.storage.results import TABLES, file_problem, physical_schema, published_files, warehouse_dir
+from clipcache.storage.sample_metadata import register_view as register_metadata_view
 
 # A leaderboard entry: one latest reference run is chosen per grain (dbt_reports/models/marts/latest_metrics.sql).
 LEADERBOARD_GRAIN = ("model", "checkpoint", "dataset", "split", "language", "task", "precision")
@@ -133,6 +134,7 @@ def open_warehouse(output_dir: str | os.PathLike = "outputs", read_only: bool = 
         con.register_filesystem(root.fs)
     damaged = {name: _table_view(con, name, root / name) for name in TABLES}
     _derived_views(con)
+    register_metadata_view(con, root)  # sample_metadata: per-sample group fields (storage/sample_metadata.py)
     if read_only:
         prefix = url(root).rstrip("/") + "/"
         con.execute(f"SET allowed_directories = ['{prefix.replace(chr(39), chr(39) * 2)}']")

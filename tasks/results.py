@@ -158,6 +158,12 @@ def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, *,
             paths.append(write_sample_rows(output_dir, run.run_id, created_at=run.created_at,
                                            experiment_id=experiment.id, task=experiment.task, unit=part.unit,
                                            columns=part.columns, keys=part.keys))
+    if evidence is not None and evidence.metadata is not None:  # once per dataset identity, for every later run
+        from clipcache.storage.results import warehouse_dir
+        from clipcache.storage.sample_metadata import write_sample_metadata
+
+        if (written := write_sample_metadata(warehouse_dir(output_dir), evidence.metadata)) is not None:
+            paths.append(written)
     payload = result_payload(spec, experiment, metrics, n_samples, tied)
     if intervals:
         payload["intervals"] = {name: list(bounds) for name, bounds in intervals.items()}

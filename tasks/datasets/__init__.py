@@ -9,6 +9,8 @@ Every place data can come from is a dataset source (tasks/datasets/source.py) in
 - ``registered``: the readers in ``DATASETS``: ``shapes`` / ``shapes_retrieval`` (bundled), ``custom`` (evalscope's
   ``image_queries.jsonl``), ``imagefolder`` / ``image_labels``, ``sugar_crepe/<task>`` / ``winoground``, and readers
   other packages add with an entry point in the group ``clipcache.datasets`` (tasks/datasets/reader.py).
+- ``group_layouts``: DataComp's WILDS and fairness sets with per-sample metadata (``wilds/iwildcam``,
+  ``fairness/geode``, ...; tasks/datasets/group_layouts.py): its webdataset copies or WILDS' folders.
 - ``original``: every name of clip_benchmark's builder that reads original files (cifar10, food101, imagenet1k,
   mscoco_captions, xtd10, ...), as the table ``layouts.json`` says (tasks/datasets/layouts.py). A name that is also
   hosted (imagenet1k, flickr30k, ...) reads its original layout when the root holds it, else webdataset shards.
@@ -54,6 +56,7 @@ SOURCES: Registry[DatasetSource] = Registry("dataset source", DatasetError)
 SOURCES.register("beir", "clipcache.tasks.datasets.sources:BeirFolders")
 SOURCES.register("any2any", "clipcache.tasks.datasets.sources:Any2AnyFolders")
 SOURCES.register("registered", "clipcache.tasks.datasets.sources:RegisteredReaders")
+SOURCES.register("group_layouts", "clipcache.tasks.datasets.group_layouts:GroupLayouts")
 SOURCES.register("original", "clipcache.tasks.datasets.sources:OriginalLayouts")
 SOURCES.register("webdataset", "clipcache.tasks.datasets.sources:WebdatasetFolders")
 SOURCES.register("hosted", "clipcache.tasks.datasets.sources:HostedCatalog")

@@ -69,5 +69,10 @@ class ZeroShotClassification(EvalTask):
         elif samples:
             evidence = classification_evidence(samples, encoded.info["n_classes"], resamples=settings.bootstrap,
                                                keys=sample_keys(prepared.data, samples["sample_index"]))
+            if hasattr(prepared.data, "sample_metadata"):  # per-sample groups: DataComp's group metrics
+                from clipcache.tasks.suites import groups
+
+                metrics = groups.attach(evidence, metrics, prepared.data.name, prepared.data.sample_metadata(),
+                                        samples)
         return Scored(metrics, n, seconds=time.perf_counter() - started, evidence=evidence)
 

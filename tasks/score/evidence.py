@@ -18,6 +18,7 @@ each). What a row is, per task (its ``unit``):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from clipcache.tasks.score.intervals import (
     interval,
     mean_statistic,
 )
+
+if TYPE_CHECKING:
+    from clipcache.storage.sample_metadata import SampleMetadata
 
 Interval = tuple[float | None, float | None]
 
@@ -41,6 +45,9 @@ class Evidence:
     # the experiment's rows of other units (retrieval: the image queries beside the text queries), each written as
     # rows of its own unit; their intervals are merged into the experiment's
     more: list[Evidence] = field(default_factory=list)
+    # the dataset's per-sample metadata, written once per dataset identity (storage/sample_metadata.py); a part of
+    # unit ``metadata`` among ``more`` names it for this experiment
+    metadata: SampleMetadata | None = None
 
     def parts(self) -> list[Evidence]:
         return [self, *self.more]

@@ -37,6 +37,14 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
     MetricInfo("lp_mean_per_class_recall", True, False, "linear probe: balanced accuracy of the probe's argmax"),
     MetricInfo("image_clustering_nmi", True, False, "k-means clusters vs classes: normalised mutual information"),
     MetricInfo("image_clustering_ari", True, False, "k-means clusters vs classes: adjusted Rand index"),
+    # DataComp's group metrics over per-sample metadata (tasks/suites/groups.py; names as DataComp writes them)
+    MetricInfo("F1-macro_all", True, False, "WILDS' macro F1: mean over the classes present in the targets of "
+                                            "2 tp / (2 tp + fp + fn) of the argmax"),
+    MetricInfo("acc_wg", True, False, "worst-group top-1 accuracy over the dataset's DataComp grouping (groups "
+                                      "with samples)"),
+    MetricInfo("acc_top5_wg", True, False, "worst-group top-5 accuracy over the dataset's DataComp grouping"),
+    MetricInfo("acc_worst_region", True, False, "lowest top-1 accuracy over the regions with samples"),
+    MetricInfo("acc_worst_year", True, False, "lowest top-1 accuracy over the years with samples"),
     MetricInfo("skipped_images", False, False, "images left out as undecodable (--on_bad_image skip)"),
     *[MetricInfo(f"{s}_{c}", True, False, f"visual_sts: {n} correlation of gold scores and the pairs' {s} similarity"
                  f"{'' if s == 'cosine' else ' (negated distance)'} (mteb's STS)")

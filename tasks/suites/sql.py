@@ -1,7 +1,8 @@
 """Suites in SQL: a ``suite_datasets`` table of every shipped suite and the views ``suite_results`` (each model's
 main metric per suite dataset, from the leaderboard) and ``suite_scores`` (the suite score per model: NULL unless
-every dataset has a result, with the partial mean in its own column). ``clipcache query`` and ``clipcache.connect``
-add them; the bootstrap intervals and the rank check are in tasks/suites/scoring.py (``clipcache suite score``)."""
+every dataset has a result, with the partial mean in its own column), and the group-metric views of
+tasks/suites/groups.py over ``samples`` and ``sample_metadata``. ``clipcache query`` and ``clipcache.connect`` add
+them; the bootstrap intervals and the rank check are in tasks/suites/scoring.py (``clipcache suite score``)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,6 @@ def register(con: Any, extra: list[str] | None = None) -> None:
         con.executemany(f"INSERT INTO suite_datasets VALUES ({', '.join('?' for _ in COLUMNS)})", rows)
     con.execute(SUITE_RESULTS)
     con.execute(SUITE_SCORES)
+    from clipcache.tasks.suites.groups import register as register_groups
+
+    register_groups(con)  # group_definitions, experiment_metadata, sample_groups, group_accuracy, group_metrics

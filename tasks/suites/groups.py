@@ -1,0 +1,179 @@
+"""Group metrics: accuracy per group of a per-sample metadata field, the worst group, and WILDS' macro F1, computed in
+SQL over the warehouse's sample rows joined with the ``sample_metadata`` table (storage/sample_metadata.py), so a
+new grouping is a query, not a re-run.
+
+DataComp's definitions (eval_utils/wilds_eval.py, fairness_eval.py over the ``wilds`` package's metrics), with its
+metric names; which field each dataset is grouped by is data (tasks/datasets/group_layouts.json, ``metrics``):
+
+- per-group accuracy: top-1 (top-5) accuracy of the group's samples; a group without samples has no row;
+- ``worst_acc1`` / ``worst_acc5`` (``acc_wg``, ``acc_worst_region``, ``acc_worst_year``, ``acc_top5_wg``): the
+  lowest per-group accuracy over the groups that have samples (WILDS' ``worst`` over ``group_counts > 0``).
+  DataComp's FMoW evaluator means to leave the region "Other" out, but it builds its groups without WILDS' names
+  for the region codes, so its test never matches and every region with samples counts: so here;
+- ``macro_f1`` (``F1-macro_all``): ``sklearn.metrics.f1_score(y_true, y_pred, average="macro",
+  labels=unique(y_true))``: the mean over the classes present in the targets of 2 tp / (2 tp + fp + fn) (a class
+  never predicted scores 0; a prediction of a class absent from the targets counts only as a miss of its target).
+
+The evaluation computes the same numbers from the same samples with NumPy (:func:`group_metrics`) and stores them
+as ordinary metric rows, so the JSON, the leaderboard and the suites have them; tests/test_group_metrics.py checks
+that the two agree.
+
+Views (added by :func:`register`, which tasks/suites/sql.py calls for ``clipcache query`` and ``clipcache.connect``):
+
+- ``group_definitions``: (dataset, metric, statistic, field) per DataComp group metric;
+- ``experiment_metadata``: (experiment_id, run_id, dataset_id, dataset, split): the metadata each experiment's
+  latest run was scored with;
+- ``sample_groups``: one row per (image sample row, metadata field) of each experiment's latest run, with the
+  field's ``code`` and ``label``;
+- ``group_accuracy``: per (experiment, field, code): ``n``, ``acc1``, ``acc5``;
+- ``group_metrics``: per experiment, DataComp's group metrics by name (``metric``, ``value``, ``groups``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from clipcache.storage.sample_metadata import SampleMetadata
+    from clipcache.tasks.score.evidence import Evidence
+
+STATISTICS = ("worst_acc1", "worst_acc5", "macro_f1")
+
+
+def definitions() -> list[tuple[str, str, str, str | None]]:
+    """(dataset, metric, statistic, field) of every DataComp group metric, from group_layouts.json."""
+    from clipcache.tasks.datasets.group_layouts import group_layouts
+
+    return [(name, m["metric"], m["statistic"], m.get("field"))
+            for name, entry in sorted(group_layouts().items()) for m in entry["metrics"]]
+
+
+def macro_f1(target: np.ndarray, prediction: np.ndarray) -> float:
+    """Mean over the classes present in ``target`` of 2 tp / (2 tp + fp + fn) = 2 tp / (predicted + support)."""
+    target, prediction = np.asarray(target, np.int64), np.asarray(prediction, np.int64)
+    if not len(target):
+        return 0.0  # WILDS' Metric.compute on empty inputs
+    classes = np.unique(target)
+    size = int(max(target.max(), prediction.max())) + 1
+    support = np.bincount(target, minlength=size)[classes]
+    predicted = np.bincount(prediction, minlength=size)[classes]
+    tp = np.bincount(target[target == prediction], minlength=size)[classes]
+    return float(np.mean(2.0 * tp / (predicted + support)))
+
+
+def group_accuracy(correct: np.ndarray, codes: np.ndarray) -> dict[int, tuple[int, float]]:
+    """code -> (samples, mean of ``correct``) for every group with samples."""
+    correct, codes = np.asarray(correct, np.float64), np.asarray(codes, np.int64)
+    out = {}
+    for code in np.unique(codes):
+        mask = codes == code
+        out[int(code)] = (int(mask.sum()), float(correct[mask].sum() / mask.sum()))
+    return out
+
+
+def worst_group(correct: np.ndarray, codes: np.ndarray) -> float:
+    """The lowest per-group mean of ``correct`` over the groups with samples."""
+    return min(acc for _, acc in group_accuracy(correct, codes).values())
+
+
+def group_metrics(dataset: str, samples: dict[str, np.ndarray], metadata: SampleMetadata) -> dict[str, float]:
+    """DataComp's group metrics of ``dataset`` from the evaluation's per-sample outcomes (``sample_index``,
+    ``target``, ``prediction``, ``correct1``, ``correct5``) and the dataset's metadata."""
+    positions = np.asarray(samples["sample_index"], np.int64)
+    out: dict[str, float] = {}
+    for name, metric, statistic, by in definitions():
+        if name != dataset:
+            continue
+        if statistic == "macro_f1":
+            out[metric] = macro_f1(samples["target"], samples["prediction"])
+            continue
+        column = "correct1" if statistic == "worst_acc1" else "correct5"
+        if column not in samples or by is None or not len(positions):
+            continue  # top-5 with fewer than 5 classes: not defined
+        out[metric] = worst_group(samples[column], metadata.codes[by][positions])
+    return out
+
+
+def attach(evidence: Evidence, metrics: dict[str, float], dataset: str, metadata: SampleMetadata,
+           samples: dict[str, np.ndarray]) -> dict[str, float]:
+    """The metrics with the dataset's group metrics added; ``evidence`` carries the metadata to write and a row of
+    unit ``metadata`` naming it for the experiment."""
+    from clipcache.storage.sample_metadata import LINK_UNIT
+    from clipcache.tasks.score.evidence import Evidence
+
+    evidence.metadata = metadata
+    evidence.more.append(Evidence(LINK_UNIT, {"sample_index": np.zeros(1, np.int64)}, [metadata.dataset_id]))
+    return {**metrics, **group_metrics(dataset, samples, metadata)}
+
+
+EXPERIMENT_METADATA = """
+CREATE OR REPLACE VIEW experiment_metadata AS
+SELECT l.experiment_id, l.run_id, m.dataset_id, m.dataset, m.split
+FROM latest_samples l JOIN (SELECT DISTINCT dataset_id, dataset, split FROM sample_metadata) m
+  ON m.dataset_id = l.sample_key
+WHERE l.unit = 'metadata'
+"""
+
+SAMPLE_GROUPS = """
+CREATE OR REPLACE VIEW sample_groups AS
+SELECT s.experiment_id, s.run_id, e.dataset, e.split, s.sample_index, s.sample_key, s.target, s.prediction,
+       s.correct1, s.correct5, m.field, m.code, m.label
+FROM latest_samples s
+JOIN experiment_metadata e ON e.experiment_id = s.experiment_id AND e.run_id = s.run_id
+JOIN sample_metadata m ON m.dataset_id = e.dataset_id AND m.sample_key = s.sample_key
+WHERE s.unit = 'image'
+"""
+
+GROUP_ACCURACY = """
+CREATE OR REPLACE VIEW group_accuracy AS
+SELECT experiment_id, dataset, split, field, code, any_value(label) AS label, count(*) AS n,
+       avg(CAST(correct1 AS DOUBLE)) AS acc1, avg(CAST(correct5 AS DOUBLE)) AS acc5
+FROM sample_groups
+GROUP BY experiment_id, dataset, split, field, code
+"""
+
+GROUP_METRICS = """
+CREATE OR REPLACE VIEW group_metrics AS
+WITH worst AS (
+    SELECT g.experiment_id, g.dataset, g.split, d.metric,
+           CASE d.statistic WHEN 'worst_acc1' THEN min(g.acc1) ELSE min(g.acc5) END AS value, count(*) AS groups
+    FROM group_accuracy g JOIN group_definitions d ON d.dataset = g.dataset AND d.field = g.field
+    WHERE d.statistic IN ('worst_acc1', 'worst_acc5')
+    GROUP BY g.experiment_id, g.dataset, g.split, d.metric, d.statistic
+    HAVING count(CASE d.statistic WHEN 'worst_acc1' THEN g.acc1 ELSE g.acc5 END) > 0),
+images AS (
+    SELECT e.experiment_id, e.dataset, e.split, s.target, s.prediction
+    FROM latest_samples s JOIN experiment_metadata e ON e.experiment_id = s.experiment_id AND e.run_id = s.run_id
+    WHERE s.unit = 'image'),
+classes AS (
+    SELECT experiment_id, dataset, split, target AS class, count(*) AS support,
+           count(*) FILTER (WHERE prediction = target) AS tp
+    FROM images GROUP BY experiment_id, dataset, split, target),
+predicted AS (
+    SELECT experiment_id, prediction AS class, count(*) AS predicted FROM images GROUP BY experiment_id, prediction),
+f1 AS (
+    SELECT c.experiment_id, c.dataset, c.split, d.metric,
+           avg(2.0 * c.tp / (coalesce(p.predicted, 0) + c.support)) AS value, count(*) AS groups
+    FROM classes c JOIN group_definitions d ON d.dataset = c.dataset AND d.statistic = 'macro_f1'
+    LEFT JOIN predicted p ON p.experiment_id = c.experiment_id AND p.class = c.class
+    GROUP BY c.experiment_id, c.dataset, c.split, d.metric)
+SELECT * FROM worst UNION ALL SELECT * FROM f1
+"""
+
+
+def register(con: Any) -> None:
+    """Add ``group_definitions`` and the group views to a warehouse connection (one without a ``sample_metadata``
+    view gets an empty one)."""
+    present = {row[0] for row in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    if "sample_metadata" not in present:
+        from clipcache.storage.sample_metadata import METADATA_SCHEMA
+
+        con.register("_sample_metadata_empty", METADATA_SCHEMA.empty_table())
+        con.execute("CREATE OR REPLACE VIEW sample_metadata AS SELECT * FROM _sample_metadata_empty")
+    con.execute("CREATE OR REPLACE TEMP TABLE group_definitions (dataset VARCHAR, metric VARCHAR, "
+                "statistic VARCHAR, field VARCHAR)")
+    con.executemany("INSERT INTO group_definitions VALUES (?, ?, ?, ?)", definitions())
+    for sql in (EXPERIMENT_METADATA, SAMPLE_GROUPS, GROUP_ACCURACY, GROUP_METRICS):
+        con.execute(sql)
