@@ -62,6 +62,7 @@ SOURCES.register("webdataset", "clipcache.tasks.datasets.sources:WebdatasetFolde
 SOURCES.register("hosted", "clipcache.tasks.datasets.sources:HostedCatalog")
 SOURCES.register("visual_sts", "clipcache.tasks.datasets.mieb_layouts:VisualStsFolders")
 SOURCES.register("multiple_choice", "clipcache.tasks.datasets.mieb_layouts:MultipleChoiceFolders")
+SOURCES.register("mieb", "clipcache.tasks.datasets.mieb_tasks:MiebSource")
 
 
 @cache

@@ -38,6 +38,7 @@ TASKS.register("image_caption_selection",
                "clipcache.tasks.evaluation.image_caption_selection:ImageCaptionSelection")
 TASKS.register("visual_sts", "clipcache.tasks.evaluation.visual_sts:VisualSts")
 TASKS.register("multiple_choice", "clipcache.tasks.evaluation.multiple_choice:MultipleChoice")
+TASKS.register("mieb", "clipcache.tasks.evaluation.mieb_runner:MiebTask")
 
 
 def get_task(name: str) -> EvalTask:

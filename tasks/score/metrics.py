@@ -64,6 +64,14 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
 
 _AT_K = re.compile(r"^(?P<metric>[a-z_]+)@(?P<k>\d+)$")
 _ACC_K = re.compile(r"^(?P<metric>(lp_)?acc)(?P<k>\d+)$")  # acc5 / lp_acc5: clip_benchmark's names
+# mieb:<task> (tasks/evaluation/mieb_runner.py): mteb's own scores, named as mteb names them, ndcg_at_10 -> k = 10
+_MTEB = re.compile(r"^(?P<metric>mteb_[a-z0-9_]+?)(_at_(?P<k>\d+))?$")
+
+
+def mteb_metric(name: str, has_k: bool) -> MetricInfo:
+    return MetricInfo(name, "rank" not in name, has_k, f"mieb: mteb's own {name.removeprefix('mteb_')} as its "
+                                                       f"evaluator reports it for the task (main_score: the task's "
+                                                       f"main score)")
 
 
 def split_metric_name(flat: str) -> tuple[MetricInfo, int | None]:
@@ -71,10 +79,15 @@ def split_metric_name(flat: str) -> tuple[MetricInfo, int | None]:
         return METRICS[m["metric"]], int(m["k"])
     if m := _AT_K.match(flat):
         return METRICS[m["metric"]], int(m["k"])
+    if m := _MTEB.match(flat):
+        k = int(m["k"]) if m["k"] else None
+        return mteb_metric(m["metric"], k is not None), k
     return METRICS[flat], None
 
 
 def flat_metric_name(metric: str, k: int | None) -> str:
     if k is None:
         return metric
+    if metric.startswith("mteb_"):
+        return f"{metric}_at_{k}"
     return f"{metric}{k}" if metric in ("acc", "lp_acc") else f"{metric}@{k}"

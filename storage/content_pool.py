@@ -1,0 +1,57 @@
+"""Content-addressed embeddings of arbitrary inputs (images as mteb hands them over): one pool per (model identity,
+preprocessing, precision), addressed by a 32-byte digest of each input's content.
+
+The same scheme as ``storage/text_pool.py``: a pool is a set of immutable cache entries ("batches"), each holding
+some inputs' embeddings and a ``content_sha256`` array (rows x 32 bytes); ``pools/<pool>/<batch key>`` marker files,
+created only after their batch is published, list a pool's batches. Two processes adding overlapping inputs both
+succeed; a digest found in several batches is read from the first (the vectors are the same model's on the same
+content).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clipcache.storage.embedding_store import EmbeddingStore
+
+DIGEST_ARRAY = "content_sha256"
+
+
+def digests_array(digests: list[bytes]) -> np.ndarray:
+    """(n, 32) uint8: the digests as the batch entry stores them."""
+    return np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), 32)
+
+
+class ContentPool:
+    def __init__(self, store: EmbeddingStore, pool: str):
+        self.store = store
+        self.pool = pool
+        self.folder = store.root / "pools" / pool
+
+    def batch_keys(self) -> list[str]:
+        if not self.folder.exists():
+            return []
+        return sorted(p.name for p in self.folder.iterdir() if self.store.has(p.name))
+
+    def register(self, batch_key: str) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / batch_key).touch()
+
+    def index(self) -> dict[bytes, tuple[str, int]]:
+        """digest -> (batch key, row) of every input the pool holds."""
+        found: dict[bytes, tuple[str, int]] = {}
+        for key in self.batch_keys():
+            for row, sha in enumerate(self.store.open(key).array(DIGEST_ARRAY)):
+                found.setdefault(sha.tobytes(), (key, row))
+        return found
+
+    def gather(self, where: list[tuple[str, int]]) -> np.ndarray:
+        """The vectors at (batch key, row) positions, in that order (each batch read once)."""
+        keys = list(dict.fromkeys(key for key, _ in where))
+        parts = {key: self.store.open(key).embeddings() for key in keys}
+        if not where:
+            return np.empty((0, 0), dtype=np.float32)
+        out = np.empty((len(where), parts[keys[0]].shape[1]), dtype=np.float32)
+        for i, (key, row) in enumerate(where):
+            out[i] = parts[key][row]
+        return out

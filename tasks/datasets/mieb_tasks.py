@@ -1,0 +1,174 @@
+"""MIEB tasks by their mteb names (``mieb:<task>``): mteb 2.x's own task object with its data loaded, from a local
+copy (``--dataset_root``) or the hub. The evaluation that runs it is tasks/evaluation/mieb_runner.py.
+
+A local copy is what mteb loads from the hub, read from the folder: a snapshot of the dataset repository (``hf
+download mteb/cifar10 --repo-type dataset --local-dir DIR``: Parquet files, and for retrieval tasks the README's
+``configs``), which ``datasets.load_dataset`` reads from the folder in place of the repository, through mteb's own
+``load_data`` and ``dataset_transform``; or a ``datasets`` ``save_to_disk`` folder of a task that loads one dataset
+(not retrieval, not multilingual). ``--dataset_root`` may be a template with ``{dataset}`` (the mteb task name).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from clipcache.storage.errors import DatasetError
+from clipcache.tasks.datasets.source import DatasetRef, DatasetSource, OpenOptions, format_root
+
+PREFIX = "mieb:"
+NAME = "mieb"
+MODALITIES = {"text", "image"}
+
+
+@dataclass
+class MiebData:
+    """An mteb task with its data loaded, restricted to one split and one hf subset."""
+
+    name: str  # the mteb task name
+    task: Any  # mteb.abstasks.AbsTask
+    split: str
+    subset: str
+    identity: dict[str, Any]
+    n_samples: int
+    root: str | None = None
+
+
+def task_name(dataset: str) -> str:
+    name = dataset.removeprefix(PREFIX).strip()
+    if not dataset.startswith(PREFIX) or not name:
+        raise DatasetError(f"dataset {dataset!r}: an mteb task is named mieb:<task name>, e.g. mieb:CIFAR10ZeroShot")
+    return name
+
+
+def get_mteb_task(name: str) -> Any:
+    """mteb's task object for ``name``; an unknown name is one line, with mteb's "Did you mean"."""
+    import mteb
+
+    try:
+        return mteb.get_task(name)
+    except KeyError as e:
+        said = str(e.args[0]) if e.args else ""
+        hint = said[said.index("Did you mean"):].strip() if "Did you mean" in said else ""
+        raise DatasetError(f"Unknown MIEB task {name!r} (mieb:<mteb task name>).{' ' + hint if hint else ''}") from e
+
+
+def load_mieb(name: str, root: Path | None, split: str, language: str) -> MiebData:
+    """mteb's task ``name`` with the data of ``split`` (and of the hf subset ``language`` where the task has
+    several) loaded from ``root``, or from the hub without one."""
+    from clipcache.tasks.models.loader import library_version
+
+    task = get_mteb_task(name)
+    meta = task.metadata
+    odd = sorted(set(meta.modalities) - MODALITIES)
+    if odd:
+        raise DatasetError(f"mieb:{name} takes {', '.join(odd)} inputs; clipcache's models encode images and texts")
+    if split not in task.eval_splits:
+        raise DatasetError(f"mieb:{name} evaluates split {', '.join(task.eval_splits)}, not {split!r}: pass "
+                           f"--split {task.eval_splits[0]}")
+    task.filter_eval_splits([split])
+    subsets = list(task.hf_subsets)
+    if len(subsets) > 1:
+        if language not in subsets:
+            shown = ", ".join(subsets[:12]) + (", ..." if len(subsets) > 12 else "")
+            raise DatasetError(f"mieb:{name} has {len(subsets)} subsets ({shown}): choose one with --language")
+        task.hf_subsets = [language]
+    subset = task.hf_subsets[0]
+    _load(task, name, root, split)
+    identity = {"mteb_task": name, "dataset": dict(meta.dataset), "hf_subset": subset,
+                "mteb": library_version("mteb")}
+    return MiebData(name, task, split, subset, identity, _count(task.dataset, split, subset),
+                    str(root) if root else None)
+
+
+def _load(task: Any, name: str, root: Path | None, split: str) -> None:
+    from mteb.abstasks import AbsTaskRetrieval
+
+    dataset = task.metadata.dataset
+    if root is None:
+        try:
+            task.load_data()
+        except Exception as e:  # datasets raises many types for a hub it cannot reach
+            if _offline(e):
+                revision = str(dataset.get("revision") or "main")
+                raise DatasetError(
+                    f"mieb:{name}: the Hugging Face hub is unreachable ({type(e).__name__}), so mteb cannot fetch "
+                    f"{dataset['path']}@{revision[:12]}; download it where the hub is reachable (hf download "
+                    f"{dataset['path']} --repo-type dataset --revision {revision} --local-dir DIR) and pass "
+                    f"--dataset_root DIR") from e
+            raise DatasetError(f"mieb:{name}: mteb cannot load {dataset['path']}: {_first_line(e)}") from e
+        return
+    if not root.is_dir():
+        raise DatasetError(f"mieb:{name}: --dataset_root {root} is not a folder (a snapshot of "
+                           f"{dataset['path']}, or a datasets save_to_disk folder)")
+    if (root / "dataset_dict.json").is_file() or (root / "dataset_info.json").is_file():
+        if isinstance(task, AbsTaskRetrieval) or task.metadata.is_multilingual:
+            raise DatasetError(f"mieb:{name}: a save_to_disk folder holds one dataset, and this task loads several "
+                               f"(corpus, queries, qrels or subsets); use a snapshot of {dataset['path']}")
+        from datasets import Dataset, DatasetDict, load_from_disk  # type: ignore[import-untyped]
+
+        try:
+            loaded = load_from_disk(str(root))
+        except (OSError, ValueError) as e:
+            raise DatasetError(f"mieb:{name}: {root} does not load with datasets.load_from_disk: "
+                               f"{_first_line(e)}") from e
+        task.dataset = DatasetDict({split: loaded}) if isinstance(loaded, Dataset) else loaded
+        task.dataset_transform()
+        task.data_loaded = True
+        return
+    # mteb's own loading, from the folder in place of the repository (the class's metadata is left alone)
+    task.metadata = task.metadata.model_copy(update={"dataset": {**dataset, "path": str(root)}})
+    try:
+        task.load_data()
+    except Exception as e:  # datasets, pyarrow and the task's own transform raise many types for a bad copy
+        raise DatasetError(f"mieb:{name}: mteb cannot load {root} as {dataset['path']}: {_first_line(e)}") from e
+
+
+def _offline(error: BaseException) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return True
+    text = f"{type(error).__name__} {error}".lower()
+    return any(s in text for s in ("offline", "connection", "resolve", "timed out", "unreachable", "max retries"))
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def _count(dataset: Any, split: str, subset: str) -> int:
+    """Samples mteb evaluates: rows of the split, or a retrieval task's queries."""
+    node = dataset
+    if isinstance(node, dict) and subset in node and split not in node:
+        node = node[subset]
+    node = node[split] if split in node else node
+    if isinstance(node, dict):
+        node = node.get("queries", node.get("test", []))
+    try:
+        return len(node)
+    except TypeError:
+        return 0
+
+
+
+class MiebSource(DatasetSource):
+    """``mieb:<task>``: asked before every other source; the task name is checked when mteb is imported (prepare),
+    since importing mteb is too slow for a name check."""
+
+    name = NAME
+    description = "mieb:<mteb task name>: an mteb (MIEB) task, its data from --dataset_root or the hub"
+    priority = 1
+    only_for = (NAME,)
+
+    def claims(self, ref: DatasetRef) -> bool:
+        return ref.name.startswith(PREFIX)
+
+    def task(self, ref: DatasetRef) -> str:
+        return NAME
+
+    def open(self, ref: DatasetRef, split: str, limit: int | None, options: OpenOptions) -> MiebData:
+        name = task_name(ref.name)
+        return load_mieb(name, format_root(ref.dataset_root, name) if ref.dataset_root else None, split,
+                         options.language)

@@ -1,0 +1,257 @@
+"""clipcache models as mteb 2.x encoders: every image and text mteb asks for goes through the embedding cache.
+
+mteb's evaluators call ``encode(dataloader, task_metadata=..., hf_split=..., hf_subset=..., prompt_type=...)`` with
+batches of ``{"text": [str, ...]}`` and/or ``{"image": [PIL.Image, ...]}`` (RGB, decoded by ``datasets``), and expect
+one row per input. :class:`CachedMtebEncoder` answers from content-addressed pools:
+
+- texts: the model's text pool (``TextPool``, the one class prompts use: keyed by model identity, precision and each
+  text's SHA-256), so "a photo of a cat." is one vector for every MIEB task and every zero-shot classification;
+- images: the model's image pool (``ContentPool``, keyed by model identity, which holds the resolved preprocessing,
+  precision and the SHA-256 of each image's decoded pixels, mode and size), so two MIEB tasks over the same images
+  (CIFAR10ZeroShot and CIFAR10Clustering read one dataset) share every vector, whatever the task, split or order.
+
+Only what a pool lacks is encoded, in mteb's own batches; a re-run encodes nothing and never loads the model.
+Vectors are clipcache's: L2-normalised float32. An input of an image and a text (composed queries, image+question)
+is the sum of the two normalised vectors, as mteb's CLIP-style wrappers sum their two features. Audio, video and
+conversation inputs are refused in one line. :class:`UncachedMtebEncoder` is the same model without the cache (the
+parity reference and the benchmark's "mteb's own run").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from mteb.models.abs_encoder import AbsEncoder
+from mteb.models.model_meta import ModelMeta, ScoringFunction
+
+from clipcache.storage.cache_keys import AuxSpec
+from clipcache.storage.content_pool import DIGEST_ARRAY, ContentPool, digests_array
+from clipcache.storage.errors import ConfigError, DatasetError
+from clipcache.storage.hashing import digest
+from clipcache.storage.text_pool import TextPool
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from PIL import Image
+
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.tasks.encode.stage import ModelSession
+    from clipcache.tasks.models.base import EmbeddingModel
+
+IMAGE_ROLE = "mieb_image"  # the image pool's role; its batches are "mieb_image-batch" entries
+SUPPORTED = ("text", "image")
+REFUSED = ("audio", "video", "conversation")
+
+
+def image_sha256(image: Any) -> bytes:
+    """The content digest of a decoded image: mode, size and pixels (two files that decode alike are one image)."""
+    if not hasattr(image, "tobytes") or not hasattr(image, "mode"):
+        raise ConfigError(f"mteb passed an image as {type(image).__name__}; clipcache's mteb encoder takes PIL images")
+    h = hashlib.sha256(f"{image.mode}:{image.size[0]}x{image.size[1]}:".encode())
+    h.update(image.tobytes())
+    return h.digest()
+
+
+def image_pool_fields(session: ModelSession) -> dict[str, Any]:
+    """The pool of a model's image vectors: everything but the content that changes a vector (the model identity
+    holds the resolved preprocessing; images reach it decoded by ``datasets`` and PIL, never ``--decode gpu``)."""
+    return {"role": IMAGE_ROLE, "model": session.resolved.identity, "precision": session.precision}
+
+
+def model_meta(name: str, revision: str) -> ModelMeta:
+    """What mteb records about the model: its name and revision, cosine similarity, images and texts."""
+    return ModelMeta.create_empty(overwrites={"name": name, "revision": revision, "modalities": list(SUPPORTED),
+                                              "similarity_fn_name": ScoringFunction.COSINE})
+
+
+@dataclass
+class EncodeCounts:
+    """Inputs encoded by a forward pass, inputs served from the cache, and the cache entries read or written."""
+
+    images_encoded: int = 0
+    texts_encoded: int = 0
+    images_cached: int = 0
+    texts_cached: int = 0
+    image_keys: list[str] = field(default_factory=list)
+    text_keys: list[str] = field(default_factory=list)
+
+    @property
+    def encoded(self) -> int:
+        return self.images_encoded + self.texts_encoded
+
+
+def _add(keys: list[str], new: Iterable[str]) -> None:
+    keys.extend(k for k in dict.fromkeys(new) if k not in keys)
+
+
+class _MtebEncoder(AbsEncoder):
+    """mteb's encoder protocol over two hooks, ``_image_vectors`` (one dataloader's images, batch by batch) and
+    ``_text_vectors`` (all of a dataloader's texts at once)."""
+
+    def __init__(self, meta: ModelMeta):
+        self.mteb_model_meta = meta
+
+    def encode(self, inputs: Any, *, task_metadata: Any, hf_split: str, hf_subset: str,
+               prompt_type: Any = None, **kwargs: Any) -> np.ndarray:
+        # CLIP-style models take no instructions: mteb's prompt_type and task prompts change nothing here, as in
+        # mteb's own CLIP / OpenCLIP wrappers
+        columns = set(getattr(inputs.dataset, "column_names", None) or ())
+        refused = sorted(columns & set(REFUSED))
+        if refused:
+            raise ConfigError(f"mteb task {task_metadata.name} asks for {', '.join(refused)} inputs; clipcache's "
+                              f"models encode images and texts only")
+        if not columns & set(SUPPORTED):
+            raise ConfigError(f"mteb task {task_metadata.name} passes no text or image column "
+                              f"(columns: {', '.join(sorted(columns)) or 'none'})")
+        texts: list[str] = []
+        image_batches = (batch["image"] for batch in self._batches(inputs, texts) if "image" in batch)
+        images = self._image_vectors(image_batches, len(inputs.dataset), task_metadata.name) \
+            if "image" in columns else None
+        if images is None:
+            for _ in self._batches(inputs, texts):  # a text-only loader: collect its texts
+                pass
+        text_vectors = self._text_vectors(texts, task_metadata.name) if texts else None
+        if images is not None and text_vectors is not None:
+            if len(images) != len(text_vectors):
+                raise DatasetError(f"mteb task {task_metadata.name}: {len(images)} images and {len(text_vectors)} "
+                                   f"texts in inputs that pair them")
+            return images + text_vectors  # both L2-normalised: each side weighs the same
+        out = images if images is not None else text_vectors
+        if out is None:
+            raise DatasetError(f"mteb task {task_metadata.name}: an empty input")
+        return out
+
+    @staticmethod
+    def _batches(inputs: Any, texts: list[str]) -> Iterable[dict[str, Any]]:
+        for batch in inputs:
+            if "text" in batch:
+                texts.extend(str(t) for t in batch["text"])
+            yield batch
+
+    def _image_vectors(self, batches: Iterable[list[Image.Image]], n: int, task: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def _text_vectors(self, texts: list[str], task: str) -> np.ndarray:
+        raise NotImplementedError
+
+
+class UncachedMtebEncoder(_MtebEncoder):
+    """The model itself, no cache: every call encodes (the reference a cached run must equal)."""
+
+    def __init__(self, model: EmbeddingModel, meta: ModelMeta):
+        super().__init__(meta)
+        self.model = model
+        self.counts = EncodeCounts()
+
+    def _image_vectors(self, batches: Iterable[list[Image.Image]], n: int, task: str) -> np.ndarray:
+        parts = []
+        for images in batches:
+            parts.append(self.model.encode_images(torch.stack([self.model.image_transform(i) for i in images])))
+            self.counts.images_encoded += len(images)
+        return np.concatenate(parts) if parts else np.empty((0, 0), np.float32)
+
+    def _text_vectors(self, texts: list[str], task: str) -> np.ndarray:
+        self.counts.texts_encoded += len(texts)
+        return self.model.encode_texts(texts)
+
+
+class CachedMtebEncoder(_MtebEncoder):
+    """A clipcache model session behind mteb's encoder protocol, answering from the cache. ``cached_only``: a
+    missing vector is a CacheMissError instead of a forward pass (rescore)."""
+
+    def __init__(self, session: ModelSession, store: EmbeddingStore, *, batch_size: int, cached_only: bool = False,
+                 progress: Any = None):
+        from clipcache.tasks.models.loader import library_version
+
+        super().__init__(model_meta(f"clipcache/{session.resolved.display_name}",
+                                    f"{session.resolved.fingerprint}@mteb{library_version('mteb')}"))
+        self.session = session
+        self.store = store
+        self.batch_size = batch_size
+        self.cached_only = cached_only
+        self.progress = progress
+        self.counts = EncodeCounts()
+        self.images = ContentPool(store, digest(image_pool_fields(session)))
+
+    def _image_vectors(self, batches: Iterable[list[Image.Image]], n: int, task: str) -> np.ndarray:
+        from clipcache.tasks.contract import CacheMissError
+
+        known = self.images.index()
+        made: dict[bytes, np.ndarray] = {}  # vectors encoded now, by digest
+        unseen: set[bytes] = set()  # cached_only: digests the pool lacks
+        order: list[bytes] = []
+        # one new batch entry per call, named uniquely (a batch is found through the pool's markers, never by key)
+        fields = {"role": f"{IMAGE_ROLE}-batch", "pool": self.images.pool, "task": task, "batch": uuid.uuid4().hex}
+        with ExitStack() as stack:
+            writer = None
+            for images in batches:
+                digests = [image_sha256(image) for image in images]
+                order.extend(digests)
+                # the first input of each digest the pool lacks, in batch order: mteb's batches, less the known ones
+                todo = {d: i for i, d in reversed(list(enumerate(digests)))
+                        if d not in known and d not in made and d not in unseen}
+                if not todo:
+                    continue
+                if self.cached_only:
+                    unseen.update(todo)
+                    continue
+                if writer is None:  # capacity: every input; the entry keeps the rows written
+                    writer = stack.enter_context(self.store.writer(fields, "image", capacity=n,
+                                                                   aux={DIGEST_ARRAY: AuxSpec("uint8", (32,))}))
+                model = self.session.model
+                rows = sorted(todo.values())
+                vectors = model.encode_images(torch.stack([model.image_transform(images[i]) for i in rows]))
+                start = self.counts.images_encoded
+                writer.add(vectors, np.arange(start, start + len(rows), dtype=np.int64),
+                           **{DIGEST_ARRAY: digests_array([digests[i] for i in rows])})
+                made.update({digests[i]: vectors[j] for j, i in enumerate(rows)})
+                self.counts.images_encoded += len(rows)
+            if unseen:
+                raise CacheMissError([f"{len(unseen)} image embeddings of mteb task {task}"])
+            if writer is not None:
+                ref = writer.finish(meta={"model": self.session.resolved.display_name, "mteb_task": task})
+                self.images.register(ref.key)
+                _add(self.counts.image_keys, [ref.key])
+        cached = [known[d] for d in order if d not in made]
+        self.counts.images_cached += len(cached)
+        _add(self.counts.image_keys, (key for key, _ in cached))
+        stored = self.images.gather(cached)
+        if not order:
+            return np.empty((0, 0), np.float32)
+        dim = stored.shape[1] if len(cached) else len(next(iter(made.values())))
+        out = np.empty((len(order), dim), np.float32)
+        j = 0
+        for i, d in enumerate(order):
+            if d in made:
+                out[i] = made[d]
+            else:
+                out[i] = stored[j]
+                j += 1
+        return out
+
+    def _text_vectors(self, texts: list[str], task: str) -> np.ndarray:
+        from clipcache.tasks.contract import CacheMissError
+        from clipcache.tasks.encode.stage import encode_prompts, prompt_pool_fields
+        from clipcache.tasks.progress import StageProgress
+
+        pool = TextPool(self.store, digest(prompt_pool_fields(self.session)))
+        missing = set(pool.missing(texts))
+        if missing and self.cached_only:
+            raise CacheMissError([f"{len(missing)} text embeddings of mteb task {task}"])
+        if missing:
+            outcome = encode_prompts(self.session, texts, self.store, self.batch_size,
+                                     self.progress or StageProgress(enabled=False), f"mieb:{task}")
+            self.counts.texts_encoded += outcome.encoded
+            lookup = outcome.lookup
+        else:
+            lookup = pool.lookup(texts)
+        self.counts.texts_cached += sum(1 for t in texts if t not in missing)
+        _add(self.counts.text_keys, lookup.batch_keys)
+        return pool.gather(lookup)
