@@ -1,4 +1,5 @@
-"""``clipcache suite list | show <suite> | score <suite>``: suites of datasets and their honest averages.
+"""``clipcache suite list | show | score | export | check``: suites of datasets, their honest averages, exports
+(open_clip's CSVs, DataComp's JSONL, mteb's results folder) and the check of a published table.
 
 Running a suite is ``clipcache eval --suite <suite> --model ...`` (what is cached is not recomputed)."""
 
@@ -30,13 +31,16 @@ def add_suite_parser(sub: argparse._SubParsersAction) -> None:
     score.add_argument("--seed", type=int, default=0, help="the bootstrap's seed")
     score.add_argument("--format", choices=["table", "json"], default="table")
     score.set_defaults(handler=run_score)
-    export = actions.add_parser("export", help="the suite's results as open_clip's CSVs or DataComp's JSONL")
+    export = actions.add_parser("export", help="the suite's results as open_clip's CSVs, DataComp's JSONL or mteb's "
+                                               "results folder")
     export.add_argument("suite", help="a shipped suite's name or a suite .yaml file")
-    export.add_argument("--format", required=True, choices=["openclip", "openclip_retrieval", "datacomp"],
+    export.add_argument("--format", required=True, choices=["openclip", "openclip_retrieval", "datacomp", "mteb"],
                         help="openclip: openclip_results.csv columns; openclip_retrieval: "
                              "openclip_retrieval_results.csv columns; datacomp: DataComp's eval_results.jsonl "
-                             "(one --model)")
-    export.add_argument("--out", required=True, help="file to write (never inside the warehouse)")
+                             "(one --model); mteb: mteb's results folder (<out>/results/<model>/<revision>/"
+                             "<TaskName>.json) for the datasets with a MIEB counterpart")
+    export.add_argument("--out", required=True, help="file to write (--format mteb: an mteb cache folder); never "
+                                                     "inside the warehouse")
     export.add_argument("--output_dir", "--output-dir", dest="output_dir", default="outputs")
     export.add_argument("--model", nargs="+", default=None, help="only these models (model or model/pretrained)")
     export.set_defaults(handler=run_export)
@@ -184,12 +188,23 @@ def run_export(args: argparse.Namespace) -> int:
     from clipcache.storage.warehouse import check_export_path
     from clipcache.tasks.suites import exports
 
-    out = check_export_path(args.out, args.output_dir)
+    mteb = args.format == "mteb"
+    out = check_export_path(args.out, args.output_dir, folder=mteb)
     if not Path(out).parent.is_dir():
         raise ConfigError(f"--out: folder {Path(out).parent} does not exist")
     suite, con, scores = _scores(args, resamples=0)
     if not scores:
         raise ConfigError(f"no results for any dataset of suite {suite.name} under {args.output_dir}")
+    if mteb:
+        from clipcache.tasks.suites.mteb_export import write_mteb_results
+
+        files = write_mteb_results(con, suite, scores, Path(out))
+        if not files:
+            raise ConfigError(f"--format mteb: no result of suite {suite.name} is a MIEB task (datasets with a "
+                              f"MIEB counterpart: tasks/suites/mieb_tasks.json, or named mieb:<TaskName>)")
+        models = len({f.parent for f in files})
+        print(f"wrote {len(files)} mteb task result(s) of {models} model(s) under {Path(out) / 'results'}")
+        return 0
     if args.format == "openclip":
         text = exports.openclip_csv(suite, scores)
     elif args.format == "openclip_retrieval":

@@ -98,7 +98,8 @@ def _one_line(text: str) -> str:
 
 
 def dbt_build(output_dir: str | Path, work_dir: str | Path | None = None) -> Path:
-    """``dbt build`` (models + data tests + unit tests) into ``<output_dir>/report/reports.duckdb``; returns it."""
+    """``dbt build`` (models + data tests + unit tests) into ``<output_dir>/report/reports.duckdb``, plus the suites'
+    intervals and ranks (tasks/report/suites.py); returns it."""
     check_results(output_dir)  # before dbt's import (seconds): a foreign file is refused at once
     output_dir = Path(output_dir).resolve()
     work = Path(work_dir).resolve() if work_dir else output_dir / "report"
@@ -110,14 +111,15 @@ def dbt_build(output_dir: str | Path, work_dir: str | Path | None = None) -> Pat
     with lock(work / f"{BUILD_DIR}.lock"):
         shutil.rmtree(building, ignore_errors=True)  # what a build killed before its end left
         building.mkdir(parents=True)
-        _build(env, work, staged, database)
+        _build(env, work, staged, database, output_dir)
     return database
 
 
-def _build(env: dict[str, str], work: Path, staged: Path, database: Path) -> None:
+def _build(env: dict[str, str], work: Path, staged: Path, database: Path, output_dir: Path) -> None:
     from dbt.cli.main import dbtRunner
 
     from clipcache.tasks.evaluation import dbt_vars
+    from clipcache.tasks.report.suites import suite_vars, write_suite_intervals
 
     try:
         with _environment(env), _noting_sigint() as interrupted:
@@ -127,7 +129,8 @@ def _build(env: dict[str, str], work: Path, staged: Path, database: Path) -> Non
                 result = dbtRunner().invoke([
                     "build", "--project-dir", str(PROJECT_DIR), "--profiles-dir", str(PROJECT_DIR),
                     "--target-path", str(work / "dbt_target"), "--log-path", str(work / "dbt_logs"),
-                    "--vars", json.dumps(dbt_vars()), "--log-level", "none", "--log-level-file", "debug"])
+                    "--vars", json.dumps({**dbt_vars(), **suite_vars()}), "--log-level", "none",
+                    "--log-level-file", "debug"])
             finally:
                 _close_dbt_database()
         if interrupted.is_set() or isinstance(result.exception, KeyboardInterrupt):
@@ -139,6 +142,8 @@ def _build(env: dict[str, str], work: Path, staged: Path, database: Path) -> Non
                     failures.append(f"{r.node.name}: {r.status} {r.message or ''}".strip())
             detail = _one_line("; ".join(failures) or str(result.exception))
             raise ResultsError(f"dbt build failed ({detail}); logs in {work / 'dbt_logs'}")
+        # the suites' intervals and ranks (a bootstrap over sample rows, not SQL) beside the marts, before publishing
+        write_suite_intervals(staged, output_dir)
         # A WAL beside the published file belongs to the old database (its writer died): it must not be replayed
         # into the new one.
         database.with_name(DATABASE + ".wal").unlink(missing_ok=True)

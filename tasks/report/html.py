@@ -162,6 +162,47 @@ def curve_svg(series: dict[str, list[tuple[int, float]]]) -> str:
     return "".join(parts)
 
 
+def _suite_rows(con: duckdb.DuckDBPyConnection) -> list[tuple]:
+    """Per suite and model: the suite_scores mart with the intervals and ranks beside it (tasks/report/suites.py);
+    complete models first, by rank."""
+    if not con.sql("select count(*) from information_schema.tables where table_name = 'suite_intervals'"
+                   ).fetchall()[0][0]:
+        return []  # a database built before suites had intervals
+    return con.sql(
+        "select s.suite, s.model_label, s.complete, s.datasets_present, s.datasets, s.score, s.normalized, "
+        "s.partial_score, s.missing, i.rank, i.score_ci_low, i.score_ci_high, i.normalized_ci_low, "
+        "i.normalized_ci_high, i.not_separable_from, i.no_interval_because "
+        "from suite_scores s left join suite_intervals i on i.suite = s.suite and i.model = s.model "
+        "and i.pretrained is not distinct from s.pretrained and i.checkpoint is not distinct from s.checkpoint "
+        "and i.precision is not distinct from s.precision "
+        "order by s.suite, not s.complete, i.rank, s.datasets_present desc, s.model_label").fetchall()
+
+
+def _suite_table(rows: list[tuple]) -> str:
+    """A complete suite's score, or 'partial: k of n' and what is missing: a partial mean is never shown bare."""
+    body = []
+    for (suite, label, complete, present, total, score, normalized, partial, missing, rank, lo, hi, nlo, nhi,
+         not_separable, why) in rows:
+        if complete:
+            score_cell = f'<span class="score">{_num(score)}</span>'
+        else:
+            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            score_cell = (f'<span class="partial">partial: {present} of {total}</span> <span class="muted">'
+                          f'(missing: {_e(shown)}; mean of the {present} present: {_num(partial)}, not a suite '
+                          f'score)</span>')
+        interval = _interval_text(lo, hi) or (f'<span class="muted" title="{_e(why)}">no interval</span>'
+                                              if complete else "")
+        cells = [_e(suite), "" if rank is None else str(rank), _e(label), score_cell, interval,
+                 f'<span class="normalized">{_num(normalized)}</span>' if complete else "",
+                 _interval_text(nlo, nhi), f"{present}/{total}", _e(", ".join(not_separable or []))]
+        row = "".join(f'<td class="num">{c}</td>' if j in (1, 4, 5, 6, 7) else f"<td>{c}</td>"
+                      for j, c in enumerate(cells))
+        body.append(f'<tr data-suite="{_e(suite)}" data-model="{_e(label)}">{row}</tr>')
+    head = "".join(f"<th>{h}</th>" for h in ("suite", "rank", "model", "score", "95% interval", "normalised",
+                                             "95% interval", "datasets", "not separable from (5%)"))
+    return f'<table id="suites"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
 def render_report(database: Path, out: Path, history_rows: int = 200) -> Path:
     con = duckdb.connect(str(database))
     # model_label: the model, its checkpoint label and a non-fp32 precision (two checkpoints are two rows)
@@ -177,6 +218,7 @@ def render_report(database: Path, out: Path, history_rows: int = 200) -> Path:
                       f"from metric_history where previous_value is not null "
                       f"order by regressed desc, improved desc, created_at desc limit {int(history_rows)}").fetchall()
     n_regressed = con.sql("select count(*) from metric_history where regressed").fetchall()[0][0]
+    suites = _suite_rows(con)
     con.close()
 
     # a dataset evaluated by several tasks (zero-shot, a linear probe, clustering) gets a column per task
@@ -205,6 +247,11 @@ def render_report(database: Path, out: Path, history_rows: int = 200) -> Path:
         _table(["model", "dataset", "task", "main metric", "value", "95% interval", "n", "run", "created"],
                [[_e(m), _e(d), _e(t), _e(mm), _value_with_interval(v, lo, hi, scales[d, t]), _interval_text(lo, hi),
                  _e(n), _e(r), _when(c)] for m, d, t, mm, v, n, r, c, lo, hi in board], {4, 5, 6}),
+        "<h2>Suites</h2><p class='muted'>Mean of each dataset's main metric over every dataset of the suite "
+        "(normalised: of (value − chance) / (1 − chance)); a model missing a dataset is partial and has no score. "
+        "Intervals: 95% bootstrap over the per-sample rows; rank among the complete models, with those whose "
+        "order is not separable at 5% (`clipcache suite score`).</p>",
+        _suite_table(suites) if suites else "<p class='muted'>No model has a result on a dataset of a suite.</p>",
         "<h2>Model × dataset</h2>", heatmap_svg(models, datasets, heat) if board else "<p>No results yet.</p>",
         "<h2>Retrieval recall@k</h2>",
         "<div class='charts'>" + "".join(f"<figure><figcaption>{_e(d)}</figcaption>{curve_svg(s)}</figure>"
