@@ -211,5 +211,5 @@ def run_report(args: argparse.Namespace) -> int:
                                      "compare": args.compare, "max_flips": args.max_flips})
     check_output_dir(args.output_dir)
     path = report(params)
-    Console().print(f"report: {path}", highlight=False)
+    Console().print(f"report: {path}", highlight=False, soft_wrap=True, markup=False)
     return 0
