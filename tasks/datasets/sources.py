@@ -1,12 +1,15 @@
 """The built-in dataset sources (the contract is tasks/datasets/source.py), in the order the lookups ask them:
 
 ====  ===========  ==================================================================================================
+  1   mieb         mieb:<mteb task name>: mteb's own task and loader (tasks/datasets/mieb_tasks.py)
  10   beir         --dataset_root is a BEIR folder (corpus.jsonl + queries.jsonl), any name: text_retrieval
  15   any2any      the same folder read by --task any2any_retrieval (under auto, beir comes first)
  20   registered   a reader in DATASETS: the built-in ones (shapes, custom, imagefolder, winoground, ...) and plugins'
+ 25   group_layouts  DataComp's WILDS and fairness sets with per-sample metadata (tasks/datasets/group_layouts.py)
  30   original     clip_benchmark's original layouts (layouts.json); a hosted name only with --dataset_root
  40   webdataset   wds/<name>, or a hosted name, with --dataset_root: clip_benchmark's webdataset folder
  50   hosted       a catalog.csv name (or wds/<name>) without --dataset_root: downloaded, then read as webdataset
+ 60   visual_sts   MIEB's visual STS folders; 61 multiple_choice: its multiple-choice folders (mieb_layouts.py)
 ====  ===========  ==================================================================================================
 
 Claims read names and at most a few ``stat`` calls; everything heavier is imported inside ``open``.

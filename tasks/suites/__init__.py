@@ -95,8 +95,8 @@ class Suite(BaseModel):
 
 def metric_parts(main_metric: str) -> list[tuple[str, int | None]]:
     """``acc1`` -> [(acc, 1)], ``mean_recall@1`` -> both directions' recall@1, ``ndcg@10`` -> [(ndcg, 10)],
-    ``mean_per_class_recall`` -> [(mean_per_class_recall, None)]. A name clipcache does not compute (DataComp's
-    WILDS and fairness metrics) is kept as it is: no row will match it."""
+    ``mean_per_class_recall`` -> [(mean_per_class_recall, None)]. Any other name (DataComp's group metrics
+    ``acc_wg``, ``F1-macro_all``, ...) is kept as it is and matches the metric rows of that name."""
     from clipcache.tasks.score.metrics import split_metric_name
 
     if m := _MEAN_RECALL.match(main_metric):
