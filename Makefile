@@ -26,9 +26,10 @@ $(STAMP): pyproject.toml examples/clipcache-plugin-example/pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/clipcache eval --model tiny-shapes-clip --dataset shapes shapes_retrieval --output_dir outputs --cache_dir cache
 
-# One pytest worker per core (pytest-xdist), each running torch on one thread (tests/conftest.py); a test file stays
-# on one worker (--dist loadfile), so its module fixtures are built once. PYTEST_PARALLEL= runs in one process.
-PYTEST_PARALLEL ?= -n auto --dist loadfile
+# One pytest worker per core this process may run on (nproc: the CPU affinity, as a container's cpuset sets it), each
+# running torch on one thread (tests/conftest.py); a test file stays on one worker (--dist loadfile), so its module
+# fixtures are built once. PYTEST_PARALLEL= runs in one process.
+PYTEST_PARALLEL ?= -n $(shell nproc 2>/dev/null || echo 2) --dist loadfile
 
 test: lint
 	$(VENV)/bin/python -m pytest $(PYTEST_PARALLEL)
