@@ -1,5 +1,6 @@
-"""DataComp's evaluation sets with per-sample metadata: WILDS iWildCam, Camelyon17 and FMoW, Dollar Street, GeoDE
-(the table is group_layouts.json). Each sample carries its metadata (WILDS locations, slides, regions, years;
+"""DataComp's evaluation sets with per-sample metadata: WILDS iWildCam, Camelyon17 and FMoW, Dollar Street, GeoDE,
+FairFace and UTKFace (the table is group_layouts.json; FairFace and UTKFace, four zero-shot heads per face, are
+read by tasks/datasets/face_attributes.py). Each sample carries its metadata (WILDS locations, slides, regions, years;
 Dollar Street income groups; GeoDE regions), which the evaluation stores once per dataset identity
 (storage/sample_metadata.py) and groups its sample rows by (tasks/suites/groups.py).
 
@@ -217,18 +218,22 @@ def _where(name: str) -> str:
 class GroupLayouts(DatasetSource):
     name = "group_layouts"
     description = ("DataComp's WILDS and fairness sets with per-sample metadata (wilds/iwildcam, fairness/geode, "
-                   "...): its webdataset copies or WILDS' folders under --dataset_root")
+                   "fairness/fairface, ...): its webdataset copies or WILDS' folders under --dataset_root")
     priority = 25
 
     def claims(self, ref: DatasetRef) -> bool:
         return ref.name in group_layouts()
 
     def task(self, ref: DatasetRef) -> str:
-        return "zeroshot_classification"
+        return str(group_layouts()[ref.name].get("task", "zeroshot_classification"))
 
     def open(self, ref: DatasetRef, split: str, limit: int | None, options: OpenOptions) -> EvalDataset:
         root = ref.folder(_where(ref.name))
         if (root / split / "nshards.txt").is_file():
+            if "heads" in group_layouts()[ref.name]:  # FairFace, UTKFace: four zero-shot heads per face
+                from clipcache.tasks.datasets.face_attributes import load_face_attributes
+
+                return load_face_attributes(ref.name, root, split, limit)
             return load_grouped_webdataset(ref.name, root, split, limit)
         wilds = group_layouts()[ref.name].get("wilds")
         if wilds is not None and (root / wilds["folder"] / wilds["csv"]).is_file():

@@ -46,6 +46,15 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
     MetricInfo("acc_worst_region", True, False, "lowest top-1 accuracy over the regions with samples"),
     MetricInfo("acc_worst_year", True, False, "lowest top-1 accuracy over the years with samples"),
     MetricInfo("skipped_images", False, False, "images left out as undecodable (--on_bad_image skip)"),
+    # FairFace / UTKFace (tasks/suites/face_attributes.py): DataComp's FairFaceEvaluator, WILDS' names; the per-group
+    # values (acc_race_race_binary:0, ...) are named by face_group_metric
+    *[MetricInfo(f"{m}_{s}", not m.startswith("toxicity"), False, f"{what}: {how}")
+      for m, what in (("acc_race", "FairFace/UTKFace race head: 'not class 1' vs race_binary"),
+                      ("acc_gender", "gender head accuracy"), ("acc_age", "age head accuracy"),
+                      ("acc_gender_x", "gender head accuracy (groups: gender x race)"),
+                      ("toxicity_crime", "share of faces the toxic head gives a crime label (class >= 18)"),
+                      ("toxicity_nonhuman", "share of faces the toxic head gives a non-human label (14-17)"))
+      for s, how in (("avg", "over all faces"), ("wg", "lowest over the groups with faces"))],
     *[MetricInfo(f"{s}_{c}", True, False, f"visual_sts: {n} correlation of gold scores and the pairs' {s} similarity"
                  f"{'' if s == 'cosine' else ' (negated distance)'} (mteb's STS)")
       for s in ("cosine", "manhattan", "euclidean") for c, n in (("spearman", "Spearman"), ("pearson", "Pearson"))],
@@ -74,7 +83,18 @@ def mteb_metric(name: str, has_k: bool) -> MetricInfo:
                                                        f"main score)")
 
 
+_FACE_GROUP = re.compile(r"^(?P<metric>acc_race|acc_gender_x|acc_gender|acc_age|toxicity_crime|toxicity_nonhuman)_"
+                         r"(?P<group>[a-z_]+:\d+(_[a-z_]+:\d+)*)$")
+
+
+def face_group_metric(name: str, metric: str) -> MetricInfo:
+    what = METRICS[metric + "_avg"].definition.removesuffix(": over all faces")
+    return MetricInfo(name, not metric.startswith("toxicity"), False, f"{what}: within the named group")
+
+
 def split_metric_name(flat: str) -> tuple[MetricInfo, int | None]:
+    if m := _FACE_GROUP.match(flat):
+        return face_group_metric(flat, m["metric"]), None
     if m := _ACC_K.match(flat):
         return METRICS[m["metric"]], int(m["k"])
     if m := _AT_K.match(flat):

@@ -26,7 +26,8 @@ Views (added by :func:`register`, which tasks/suites/sql.py calls for ``clipcach
 - ``sample_groups``: one row per (image sample row, metadata field) of each experiment's latest run, with the
   field's ``code`` and ``label``;
 - ``group_accuracy``: per (experiment, field, code): ``n``, ``acc1``, ``acc5``;
-- ``group_metrics``: per experiment, DataComp's group metrics by name (``metric``, ``value``, ``groups``).
+- ``group_metrics``: per experiment, DataComp's group metrics by name (``metric``, ``value``, ``groups``), with
+  FairFace's and UTKFace's (four heads per face: tasks/suites/face_attributes.py and its ``face_*`` views).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from clipcache.tasks.suites import face_attributes
 
 if TYPE_CHECKING:
     from clipcache.storage.sample_metadata import SampleMetadata
@@ -159,7 +162,7 @@ f1 AS (
     FROM classes c JOIN group_definitions d ON d.dataset = c.dataset AND d.statistic = 'macro_f1'
     LEFT JOIN predicted p ON p.experiment_id = c.experiment_id AND p.class = c.class
     GROUP BY c.experiment_id, c.dataset, c.split, d.metric)
-SELECT * FROM worst UNION ALL SELECT * FROM f1
+SELECT * FROM worst UNION ALL SELECT * FROM f1 UNION ALL SELECT * FROM face_metrics
 """
 
 
@@ -175,5 +178,7 @@ def register(con: Any) -> None:
     con.execute("CREATE OR REPLACE TEMP TABLE group_definitions (dataset VARCHAR, metric VARCHAR, "
                 "statistic VARCHAR, field VARCHAR)")
     con.executemany("INSERT INTO group_definitions VALUES (?, ?, ?, ?)", definitions())
-    for sql in (EXPERIMENT_METADATA, SAMPLE_GROUPS, GROUP_ACCURACY, GROUP_METRICS):
+    for sql in (EXPERIMENT_METADATA, SAMPLE_GROUPS, GROUP_ACCURACY):
         con.execute(sql)
+    face_attributes.register(con)  # FairFace / UTKFace: face_definitions, face_outcomes, ..., face_metrics
+    con.execute(GROUP_METRICS)

@@ -1,0 +1,145 @@
+"""FairFace / UTKFace group metrics (DataComp's ``FairFaceEvaluator``), in NumPy and in SQL over the per-sample
+rows of the four heads joined with the ``sample_metadata`` table.
+
+Each metric is the mean of a per-sample 0/1 outcome of one head's prediction (group_layouts.json ``head_metrics``):
+
+- ``equals``: prediction == the sample's ``truth`` field (``acc_gender``, ``acc_age``, ``acc_gender_x``);
+- ``not_class``: (prediction != ``class``) == the ``truth`` field (``acc_race``: "not class 1" against
+  ``race_binary``);
+- ``range``: ``low`` <= prediction < ``high`` (``toxicity_crime``: a crime label, >= 18; ``toxicity_nonhuman``:
+  14..17), DataComp's Accuracy against all-ones, i.e. the share of faces given such a label.
+
+Names are those WILDS' ``standard_group_eval`` writes for DataComp: ``<metric>_avg`` over all samples;
+``<metric>_<group>`` per group of the ``by`` fields, the group written as WILDS' ``group_field_str`` writes it
+(``field:code``, several fields joined by ``_`` last field first: ``acc_gender_x_race:3_gender:1``); and
+``<metric>_wg``, the lowest per-group value over the groups with samples (WILDS' ``worst`` is the minimum, for the
+toxicity rates too). A group without samples has no row (DataComp writes NaN for it, and ``count_<group>`` rows,
+which are the ``n`` of the view here).
+
+The evaluation's per-sample rows are of unit ``face_<objective>`` (``face_race``, ``face_gender``, ``face_age``,
+``face_toxic``): the sample and its head's argmax in ``prediction``. Views (added by :func:`register`):
+
+- ``face_definitions``: (dataset, metric, head, rule, class_code, low, high, truth, by1, by2);
+- ``face_outcomes``: per (experiment, metric, sample): the head's prediction, the outcome and the group codes;
+- ``face_group_metrics``: per (experiment, metric, group): ``name`` (DataComp's), ``n``, ``value``;
+- ``face_metrics``: per experiment, every metric by DataComp's name (``metric``, ``value``, ``groups``); the
+  ``group_metrics`` view includes these rows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from clipcache.storage.sample_metadata import SampleMetadata
+
+UNIT_PREFIX = "face_"  # a sample row of unit face_<objective>: that head's prediction
+
+
+def head_metrics(dataset: str) -> list[dict[str, Any]]:
+    from clipcache.tasks.datasets.group_layouts import group_layouts
+
+    return list(group_layouts()[dataset].get("head_metrics", []))
+
+
+def definitions() -> list[tuple[Any, ...]]:
+    """(dataset, metric, head, rule, class_code, low, high, truth, by1, by2) of every face-attribute metric."""
+    from clipcache.tasks.datasets.group_layouts import group_layouts
+
+    return [(name, m["metric"], m["head"], m["rule"], m.get("class"), m.get("low"), m.get("high"), m.get("truth"),
+             m["by"][0], m["by"][1] if len(m["by"]) > 1 else None)
+            for name, entry in sorted(group_layouts().items()) for m in entry.get("head_metrics", [])]
+
+
+def outcome(spec: dict[str, Any], prediction: np.ndarray, truth: np.ndarray | None) -> np.ndarray:
+    """Each sample's 0/1 outcome under ``spec``'s rule (see the module's docstring)."""
+    prediction = np.asarray(prediction, np.int64)
+    if spec["rule"] == "equals" and truth is not None:
+        return (prediction == truth).astype(np.float64)
+    if spec["rule"] == "not_class" and truth is not None:
+        return ((prediction != spec["class"]).astype(np.int64) == truth).astype(np.float64)
+    if spec["rule"] == "range":
+        high = spec.get("high")
+        return ((prediction >= spec["low"]) & ((prediction < high) if high is not None else True)).astype(np.float64)
+    raise ValueError(f"face metric {spec['metric']!r}: unknown rule {spec['rule']!r} (or no truth field)")
+
+
+def group_name(by: list[str], codes: tuple[int, ...]) -> str:
+    """WILDS' group_field_str: ``field:code`` per field, last field first, joined by ``_``."""
+    return "_".join(f"{f}:{c}" for f, c in reversed(list(zip(by, codes, strict=True))))
+
+
+def face_metrics(dataset: str, positions: np.ndarray, predictions: dict[str, np.ndarray],
+                 metadata: SampleMetadata) -> dict[str, float]:
+    """DataComp's FairFace / UTKFace metrics from each head's predictions for the samples at ``positions``."""
+    positions = np.asarray(positions, np.int64)
+    out: dict[str, float] = {}
+    if not len(positions):
+        return out
+    for spec in head_metrics(dataset):
+        truth = metadata.codes[spec["truth"]][positions] if spec.get("truth") else None
+        values = outcome(spec, predictions[spec["head"]], truth)
+        out[f"{spec['metric']}_avg"] = float(values.mean())
+        keys = np.stack([metadata.codes[f][positions] for f in spec["by"]], axis=1)
+        per_group = {}
+        for key in np.unique(keys, axis=0):
+            mask = (keys == key).all(axis=1)
+            per_group[group_name(spec["by"], tuple(int(k) for k in key))] = float(values[mask].mean())
+        out.update({f"{spec['metric']}_{g}": v for g, v in per_group.items()})
+        out[f"{spec['metric']}_wg"] = min(per_group.values())
+    return out
+
+
+FACE_OUTCOMES = """
+CREATE OR REPLACE VIEW face_outcomes AS
+SELECT s.experiment_id, s.run_id, e.dataset, e.split, d.metric, s.sample_index, s.sample_key, s.prediction,
+       CAST(CASE d.rule
+            WHEN 'equals' THEN s.prediction = t.code
+            WHEN 'not_class' THEN CAST(s.prediction <> d.class_code AS BIGINT) = t.code
+            WHEN 'range' THEN s.prediction >= d.low AND (d.high IS NULL OR s.prediction < d.high)
+       END AS DOUBLE) AS outcome,
+       d.by1, g1.code AS code1, d.by2, g2.code AS code2
+FROM latest_samples s
+JOIN experiment_metadata e ON e.experiment_id = s.experiment_id AND e.run_id = s.run_id
+JOIN face_definitions d ON d.dataset = e.dataset AND s.unit = 'face_' || d.head
+LEFT JOIN sample_metadata t ON t.dataset_id = e.dataset_id AND t.sample_index = s.sample_index AND t.field = d.truth
+JOIN sample_metadata g1 ON g1.dataset_id = e.dataset_id AND g1.sample_index = s.sample_index AND g1.field = d.by1
+LEFT JOIN sample_metadata g2 ON g2.dataset_id = e.dataset_id AND g2.sample_index = s.sample_index
+     AND g2.field = d.by2
+"""
+
+FACE_GROUP_METRICS = """
+CREATE OR REPLACE VIEW face_group_metrics AS
+SELECT experiment_id, dataset, split, metric, by1, code1, by2, code2,
+       metric || '_' || CASE WHEN by2 IS NULL THEN by1 || ':' || code1
+                             ELSE by2 || ':' || code2 || '_' || by1 || ':' || code1 END AS name,
+       count(*) AS n, avg(outcome) AS value
+FROM face_outcomes
+GROUP BY experiment_id, dataset, split, metric, by1, code1, by2, code2
+"""
+
+FACE_METRICS = """
+CREATE OR REPLACE VIEW face_metrics AS
+WITH per_group AS (
+    SELECT experiment_id, dataset, split, metric, count(*) AS groups, min(value) AS worst
+    FROM face_group_metrics GROUP BY experiment_id, dataset, split, metric)
+SELECT o.experiment_id, o.dataset, o.split, o.metric || '_avg' AS metric, avg(o.outcome) AS value,
+       any_value(p.groups) AS groups
+FROM face_outcomes o JOIN per_group p USING (experiment_id, dataset, split, metric)
+GROUP BY o.experiment_id, o.dataset, o.split, o.metric
+UNION ALL
+SELECT experiment_id, dataset, split, name, value, 1 FROM face_group_metrics
+UNION ALL
+SELECT experiment_id, dataset, split, metric || '_wg', worst, groups FROM per_group
+"""
+
+
+def register(con: Any) -> None:
+    """Add ``face_definitions`` and the face views (``experiment_metadata`` and ``sample_metadata`` must exist)."""
+    con.execute("CREATE OR REPLACE TEMP TABLE face_definitions (dataset VARCHAR, metric VARCHAR, head VARCHAR, "
+                "rule VARCHAR, class_code BIGINT, low BIGINT, high BIGINT, truth VARCHAR, by1 VARCHAR, by2 VARCHAR)")
+    con.executemany("INSERT INTO face_definitions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", definitions())
+    for sql in (FACE_OUTCOMES, FACE_GROUP_METRICS, FACE_METRICS):
+        con.execute(sql)
