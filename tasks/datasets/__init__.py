@@ -63,6 +63,7 @@ SOURCES.register("hosted", "clipcache.tasks.datasets.sources:HostedCatalog")
 SOURCES.register("visual_sts", "clipcache.tasks.datasets.mieb_layouts:VisualStsFolders")
 SOURCES.register("multiple_choice", "clipcache.tasks.datasets.mieb_layouts:MultipleChoiceFolders")
 SOURCES.register("mieb", "clipcache.tasks.datasets.mieb_tasks:MiebSource")
+SOURCES.register("composed_retrieval", "clipcache.tasks.datasets.composed_layouts:ComposedFolders")
 
 
 @cache

@@ -39,6 +39,7 @@ TASKS.register("image_caption_selection",
 TASKS.register("visual_sts", "clipcache.tasks.evaluation.visual_sts:VisualSts")
 TASKS.register("multiple_choice", "clipcache.tasks.evaluation.multiple_choice:MultipleChoice")
 TASKS.register("mieb", "clipcache.tasks.evaluation.mieb_runner:MiebTask")
+TASKS.register("composed_retrieval", "clipcache.tasks.evaluation.composed_retrieval:ComposedRetrieval")
 TASKS.register("face_attributes", "clipcache.tasks.evaluation.face_attributes:FaceAttributes")
 
 

@@ -1,0 +1,146 @@
+"""Composed image retrieval (CIRR, FashionIQ style; MIEB's CIRRIT2IRetrieval and FashionIQIT2IRetrieval): each query
+is a reference image plus a modifying text, fused as mteb's CLIP-style wrappers fuse them, retrieving the split's
+images; recall@k (and MIEB's main score, nDCG@10). The rule is in tasks/score/composed_retrieval.py; the layouts
+(CIRR's, FashionIQ's and MIEB's own files) in tasks/datasets/composed_layouts.py.
+
+Two cache entries: every distinct image, gallery and references together (``composed_image``: CIRR's and FashionIQ's
+references are gallery images, encoded once), and every distinct modifying text (``modifier_text``, keyed by the
+texts themselves). A rescore reads the folder's annotations and the cache only. Each query is a sample row (unit
+``query``): its target's gallery position in ``target``, its ``rank``, ``score``, ``top``, ``hits_at`` and ``tied``;
+each judged target a ``relevant_doc`` row.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from clipcache.storage.errors import DatasetError
+from clipcache.tasks.evaluation.base import (
+    DataSource,
+    Encoded,
+    EncodeSettings,
+    EvalTask,
+    Prepared,
+    PromptSettings,
+    Scored,
+    ScoreSettings,
+    TaskOptions,
+)
+
+if TYPE_CHECKING:
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.progress import StageProgress
+
+IMAGE, TEXT = "composed_image", "modifier_text"
+K_ALWAYS = (1, 5, 10, 50)  # CIRR reports recall@1/5/10/50, FashionIQ recall@10/50
+MAIN_K = 10  # nDCG@10: MIEB's main score for both tasks
+
+
+class ComposedRetrieval(EvalTask):
+    name = "composed_retrieval"
+    short = "composed"
+    description = "reference image + modifying text -> target image (CIRR, FashionIQ; MIEB it2i): recall@k, ndcg@10"
+    needs = (IMAGE, TEXT)
+    main_metrics = (("recall", 10, "composed_recall@10", 1),)
+
+    class Options(TaskOptions):
+        reference: Literal["layout", "exclude", "keep"] = Field(
+            "layout", description="whether a query's reference image is a candidate: exclude (CIRR's own "
+                                  "evaluation), keep (MIEB's), or layout: exclude for CIRR's files, keep for "
+                                  "FashionIQ's and MIEB's")
+
+    def serves(self, role: str, kind: str) -> bool:
+        return role in self.needs  # no other task writes these roles
+
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+        from clipcache.tasks.datasets import format_root
+        from clipcache.tasks.datasets.composed_layouts import open_composed
+
+        if not source.root:
+            raise DatasetError("composed_retrieval needs --dataset_root: a folder with CIRR's, FashionIQ's or "
+                               "MIEB's composed-retrieval files")
+        data = open_composed(source.name, format_root(source.root, source.name), source.split, source.limit)
+        return Prepared(data, len(data.targets), source)
+
+    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
+               settings: EncodeSettings, progress: StageProgress, *,
+               sharded: dict[str, Any] | None = None) -> Encoded:
+        from clipcache.storage.hashing import digest
+        from clipcache.tasks.encode.stage import check_cached, encode_images, encode_texts, image_key_fields
+
+        started = time.perf_counter()
+        data = prepared.data
+        limit = prepared.source.limit
+        image_fields = {**image_key_fields(session, data.images.identity(memo), data.split, limit), "role": IMAGE}
+        memo.save()
+        # keyed by the texts: a corrected target or a new gallery re-encodes no text
+        text_fields = {"role": TEXT, "model": session.resolved.identity, "precision": session.precision,
+                       "dataset": {"format": "composed_retrieval", "texts": digest(data.texts)},
+                       "split": data.split, "limit": limit}
+        if settings.cached_only:
+            check_cached(store, [(image_fields, f"composed-query image embeddings of {data.name}"),
+                                 (text_fields, f"modifying text embeddings of {data.name}")])
+        outcomes = {IMAGE: encode_images(session, data.images, store, image_fields, settings, progress),
+                    TEXT: encode_texts(session, data.texts, store, text_fields, kind="modifier", progress=progress,
+                                       batch_size=settings.batch_size, label=data.name,
+                                       meta={"dataset": data.name, "split": data.split})}
+        return Encoded(outcomes, seconds=time.perf_counter() - started)
+
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+        import numpy as np
+
+        from clipcache.tasks.score.cached_rows import image_rows, text_vectors
+        from clipcache.tasks.score.composed_retrieval import composed_ranks
+        from clipcache.tasks.score.retrieval_evidence import text_retrieval_evidence
+        from clipcache.tasks.score.text_retrieval import per_query_metrics
+
+        started = time.perf_counter()
+        data = prepared.data
+        choice = self.Options.of(settings).reference
+        exclude = data.excludes_reference if choice == "layout" else choice == "exclude"
+        entry = store.open(encoded.outcomes[IMAGE].ref.key)
+        rows = image_rows(entry, len(data.images))
+        vectors = entry.embeddings()
+        # an undecodable gallery image leaves the gallery; a query whose reference did not decode is not asked, and
+        # one left without a target is not scored (pytrec_eval skips queries without a relevant document)
+        in_gallery = rows[data.gallery] >= 0
+        position = np.cumsum(in_gallery) - 1
+        asked, targets, gains = [], [], []
+        for q in range(len(data.targets)):
+            keep = in_gallery[data.targets[q]]
+            if rows[data.query_image[q]] >= 0 and keep.any():
+                asked.append(q)
+                targets.append(position[data.targets[q][keep]])
+                gains.append(data.gains[q][keep])
+        if not asked:
+            raise DatasetError(f"dataset {data.name!r}: no query is left with a decodable reference and target")
+        kept = np.asarray(asked, np.int64)
+        reference = data.reference[kept]
+        excluded = np.where((reference >= 0) & in_gallery[np.maximum(reference, 0)], position[reference], -1) \
+            if exclude else None
+        texts = text_vectors(store.open(encoded.outcomes[TEXT].ref.key), len(data.texts))
+        gallery_ids = [i for i, ok in zip(data.gallery_ids, in_gallery, strict=True) if ok]
+        result = composed_ranks(vectors[rows[data.query_image[kept]]], texts[data.query_text[kept]],
+                                vectors[rows[data.gallery[in_gallery]]], targets, gains, gallery_ids=gallery_ids,
+                                excluded=excluded)
+        ks = sorted(set(settings.recall_k) | set(K_ALWAYS))
+        values = per_query_metrics(result.ranked.ranks, result.ranked.gains, sorted({*ks, MAIN_K}))
+        reported = {f"recall@{k}": values[f"recall@{k}"] for k in ks} | {"ndcg@10": values["ndcg@10"]}
+        metrics = {name: float(v.mean()) for name, v in reported.items()}
+        # rows name gallery images by their position in the layout's gallery
+        result.ranked.relevant = [np.flatnonzero(in_gallery)[t] for t in targets]
+        result.ranked.top = np.flatnonzero(in_gallery)[result.ranked.top]
+        evidence = text_retrieval_evidence(result.ranked, reported, ks, query_index=kept,
+                                           query_ids=[data.keys[q] for q in asked] if data.keys else
+                                           [str(q) for q in asked], resamples=settings.bootstrap)
+        evidence.columns["tied"] = np.logical_or.reduce([result.tied(k) for k in ks])
+        skipped = len(data.images) - entry.count
+        if skipped:
+            metrics["skipped_images"] = float(skipped)
+        tied = {f"recall@{k}": int(result.tied(k).sum()) for k in ks}
+        return Scored(metrics, len(asked), {m: t for m, t in tied.items() if t}, time.perf_counter() - started,
+                      evidence=evidence)
