@@ -7,8 +7,9 @@ Every place data can come from is a dataset source (tasks/datasets/source.py) in
 - ``beir`` / ``any2any``: a ``--dataset_root`` holding corpus.jsonl and queries.jsonl, under any name (text and
   any-to-any retrieval read it themselves; ``open_dataset`` opens image datasets and passes them by).
 - ``registered``: the readers in ``DATASETS``: ``shapes`` / ``shapes_retrieval`` (bundled), ``custom`` (evalscope's
-  ``image_queries.jsonl``), ``imagefolder`` / ``image_labels``, ``sugar_crepe/<task>`` / ``winoground``, and readers
-  other packages add with an entry point in the group ``clipcache.datasets`` (tasks/datasets/reader.py).
+  ``image_queries.jsonl``), ``imagefolder`` / ``image_labels``, ``sugar_crepe/<task>`` / ``winoground``,
+  ``aro/<set>`` / ``valse/<piece>`` / ``mmvp_vlm`` (tasks/datasets/compositionality.py), and readers other
+  packages add with an entry point in the group ``clipcache.datasets`` (tasks/datasets/reader.py).
 - ``group_layouts``: DataComp's WILDS and fairness sets with per-sample metadata (``wilds/iwildcam``,
   ``fairness/geode``, ...; tasks/datasets/group_layouts.py): its webdataset copies or WILDS' folders.
 - ``original``: every name of clip_benchmark's builder that reads original files (cifar10, food101, imagenet1k,
@@ -22,6 +23,7 @@ Every place data can come from is a dataset source (tasks/datasets/source.py) in
 from __future__ import annotations
 
 import csv
+import json
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -51,6 +53,16 @@ SUGAR_CREPE = tuple(f"sugar_crepe/{task}" for task in ("add_att", "add_obj", "re
                                                          "replace_rel", "swap_att", "swap_obj"))
 for _name in SUGAR_CREPE:
     DATASETS.register(_name, "clipcache.tasks.datasets.loaders:SugarCrepe")
+# ARO and VALSE (tasks/datasets/compositionality.py); VALSE's pieces are listed in compositionality.json
+for _name in ("aro/vg_relation", "aro/vg_attribution"):
+    DATASETS.register(_name, "clipcache.tasks.datasets.loaders:AroVisualGenome")
+for _name in ("aro/coco_order", "aro/flickr30k_order"):
+    DATASETS.register(_name, "clipcache.tasks.datasets.loaders:AroOrder")
+VALSE = tuple(f"valse/{piece}" for piece in json.loads(Path(__file__).with_name("compositionality.json")
+                                                        .read_text(encoding="utf-8"))["valse_pieces"])
+for _name in VALSE:
+    DATASETS.register(_name, "clipcache.tasks.datasets.loaders:Valse")
+DATASETS.register("mmvp_vlm", "clipcache.tasks.datasets.loaders:MmvpVlm")
 
 SOURCES: Registry[DatasetSource] = Registry("dataset source", DatasetError)
 SOURCES.register("beir", "clipcache.tasks.datasets.sources:BeirFolders")

@@ -91,3 +91,43 @@ class Winoground(DatasetReader):
         from clipcache.tasks.datasets.selection import load_winoground
 
         return load_winoground(name, _root(name, root), split, limit)
+
+
+class AroVisualGenome(DatasetReader):
+    task = "image_caption_selection"
+    description = "ARO's VG-Relation / VG-Attribution: images/ + visual_genome_<relation|attribution>.json"
+
+    def read(self, name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+        from clipcache.tasks.datasets.compositionality import load_aro_vg
+
+        return load_aro_vg(name, _root(name, root), split, limit)
+
+
+class AroOrder(DatasetReader):
+    task = "image_caption_selection"
+    description = "ARO's COCO-Order / Flickr30k-Order: its test cases (<set>_<split>.json) + the images"
+
+    def read(self, name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+        from clipcache.tasks.datasets.compositionality import load_aro_order
+
+        return load_aro_order(name, _root(name, root), split, limit)
+
+
+class Valse(DatasetReader):
+    task = "image_caption_selection"
+    description = "a VALSE piece: <piece>.json + images/ (valid items, caption vs foil)"
+
+    def read(self, name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+        from clipcache.tasks.datasets.compositionality import load_valse
+
+        return load_valse(name, _root(name, root), split, limit)
+
+
+class MmvpVlm(DatasetReader):
+    task = "image_caption_selection"
+    description = "MMVP-VLM: Questions.csv + MLLM_VLM Images/ (pair accuracy in image_acc)"
+
+    def read(self, name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
+        from clipcache.tasks.datasets.compositionality import load_mmvp_vlm
+
+        return load_mmvp_vlm(name, _root(name, root), split, limit)

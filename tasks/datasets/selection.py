@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+from PIL import Image
 
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
@@ -32,13 +33,28 @@ COCO_VAL2017 = "http://images.cocodataset.org/zips/val2017.zip"
 WINOGROUND_REPO = "facebook/winoground"
 
 
+class Crop(NamedTuple):
+    """An image source that is a box of a file, cut out before preprocessing (ARO's Visual Genome sets):
+    ``box`` is PIL's ``(left, upper, right, lower)``."""
+
+    path: Path
+    box: tuple[float, float, float, float]
+
+
 @dataclass
 class SelectionDataset(EvalDataset):
     item_images: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int64))
-    sources: list[Any] = field(default_factory=list)  # per distinct image: a Path, or (arrow file, row, column)
+    sources: list[Any] = field(default_factory=list)  # per distinct image: a Path, a Crop, or (arrow file, row, column)
     item_keys: list[str] = field(default_factory=list)  # per item, its id in the dataset's files
     index_files: list[Path] = field(default_factory=list)
     image_folder: Path | None = None
+    # the caption index of each of an item's images (same for every item); None: image j's caption is caption j
+    targets: tuple[int, ...] | None = None
+    # per item, its group (ARO's relation or attribute pair): ``macro_acc`` averages the groups' text accuracies over
+    # groups with at least ``macro_min_count`` items, leaving out ``macro_exclude``
+    groups: list[str] | None = None
+    macro_exclude: frozenset[str] = frozenset()
+    macro_min_count: int = 1
     _tables: dict[Path, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -51,25 +67,38 @@ class SelectionDataset(EvalDataset):
     def identity(self, memo: FileHashMemo) -> dict[str, Any]:
         ident: dict[str, Any] = {"format": f"selection:{self.name}",
                                  "index": [memo.sha256(p) for p in self.index_files]}
-        paths = [s for s in self.sources if isinstance(s, Path)]
+        paths = list(dict.fromkeys(s.path if isinstance(s, Crop) else s for s in self.sources
+                                   if isinstance(s, Path | Crop)))
         if paths:
             ident["images"] = memo.fingerprint(paths, root=self.image_folder)
+        if any(isinstance(s, Crop) for s in self.sources):  # the boxes are in the index files; said here too
+            from clipcache.storage.hashing import digest
+
+            ident["crops"] = digest([list(s.box) if isinstance(s, Crop) else None for s in self.sources])
         return ident
 
     def describe(self, index: int) -> str:
         source = self.sources[index]
         if isinstance(source, Path):
             return str(source)
+        if isinstance(source, Crop):
+            return f"{source.path} (box {list(source.box)})"
         file, row, column = source
         return f"{file} row {row} column {column}"
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_tables": {}}  # a decoding worker process reads the tables it needs itself
 
-    def read_image_bytes(self, index: int) -> bytes:
+    def read_image_bytes(self, index: int) -> bytes | Image.Image:
         source = self.sources[index]
         if isinstance(source, Path):
             return source.read_bytes()
+        if isinstance(source, Crop):  # decoded, converted to RGB, then cropped: the order ARO's readers use
+            try:
+                with Image.open(source.path) as img:
+                    return img.convert("RGB").crop(source.box)
+            except Exception as e:  # PIL raises many types for bad data
+                raise DatasetError(f"image does not decode: {self.describe(index)} ({type(e).__name__}: {e})") from e
         file, row, column = source
         if file not in self._tables:
             self._tables[file] = _read_table(file)

@@ -1,6 +1,6 @@
-"""Image-caption selection (clip_benchmark's ``image_caption_selection``): for each item of SugarCrepe or
-Winoground, does each image pick its own caption and each caption its own image? Metrics and their definition in
-tasks/score/selection.py.
+"""Image-caption selection (clip_benchmark's ``image_caption_selection``): for each item of SugarCrepe, Winoground,
+ARO or VALSE (tasks/datasets/compositionality.py), does each image pick its own caption and each caption its own
+image? Metrics and their definition in tasks/score/selection.py; ``macro_acc`` for datasets with item groups.
 
 The images entry holds each distinct image once (SugarCrepe items share COCO images) and the caption entry each
 distinct caption once (a caption repeated across items is encoded once); the item structure is the dataset's
@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 class ImageCaptionSelection(EvalTask):
     name = "image_caption_selection"
     short = "selection"
-    description = "image_acc, text_acc, acc (group): each image picks its caption and each caption its image"
+    description = ("image_acc, text_acc, acc (group): each image picks its caption and each caption its image; "
+                   "macro_acc over item groups (ARO)")
     needs = ("image", "caption")
     reads = ("selection",)
     main_metrics = (("acc", None, "selection_acc", 1),)
@@ -61,7 +62,14 @@ class ImageCaptionSelection(EvalTask):
         dataset = prepared.data
         metrics, n, tied, samples = score_selection(store, encoded.outcomes["image"].ref,
                                                     encoded.outcomes["caption"].ref, dataset.item_images,
-                                                    len(dataset.sources), keep_samples=True)
+                                                    len(dataset.sources), keep_samples=True,
+                                                    targets=dataset.targets)
+        if dataset.groups is not None and samples is not None:  # ARO's VG sets: the macro accuracy they report
+            from clipcache.tasks.score.selection import grouped_accuracy
+
+            metrics["macro_acc"] = grouped_accuracy(samples["text_right"],
+                                                    [dataset.groups[i] for i in samples["sample_index"]],
+                                                    exclude=dataset.macro_exclude, min_count=dataset.macro_min_count)
         evidence = None
         if samples is not None:
             keys = [dataset.item_keys[i] for i in samples["sample_index"]] if dataset.item_keys else None

@@ -27,6 +27,8 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
                "own image (Winoground's image score)"),
     MetricInfo("text_acc", True, False, "image_caption_selection: fraction of items whose images each pick their own "
                "caption (Winoground's text score)"),
+    MetricInfo("macro_acc", True, False, "image_caption_selection over grouped items (ARO's VG-Relation and "
+               "VG-Attribution): mean over the qualifying groups of the group's text_acc (ARO's macro accuracy)"),
     MetricInfo("mean_per_class_recall", True, False, "mean over classes present in the targets of per-class recall "
                                                      "of the argmax (balanced accuracy)"),
     MetricInfo("mean_average_precision", True, False, "mean over classes of average precision (multilabel)"),

@@ -5,7 +5,9 @@ Each item has images ``I_0..I_{m-1}`` and captions ``T_0..T_{n-1}``; image ``j``
 
 - ``text_acc``: every image's best caption is its own, ``argmax_c S[j, c] == j`` for all j (Winoground's text score);
 - ``image_acc``: every caption's best image is its own, ``argmax_i S[i, j] == j`` for all j (its image score);
-- ``acc``: both at once (Winoground's group score).
+- ``acc``: both at once (Winoground's group score);
+- ``macro_acc`` (datasets with groups, ARO's VG-Relation and VG-Attribution): the mean over groups of ``text_acc``
+  within the group (:func:`grouped_accuracy`).
 
 ``argmax`` keeps the first of equal maxima, as torch does in clip_benchmark; each item's product is computed on its
 own in fp32, like clip_benchmark's loop, so the numbers are its numbers bit for bit given the same embeddings.
@@ -18,29 +20,48 @@ import numpy as np
 import torch
 
 
-def selection_outcomes(images: torch.Tensor, texts: torch.Tensor) -> dict[str, np.ndarray]:
+def selection_outcomes(images: torch.Tensor, texts: torch.Tensor, *,
+                       targets: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
     """Per item of ``images`` (items, m, d) and ``texts`` (items, n, d): ``text_right`` / ``image_right`` (its text
     and image scores), ``text_tied`` / ``image_tied`` (a tied maximum decided that score: the first index won), and
     ``text_margin`` / ``image_margin``: the smallest gap, over the item's pairs, between a pair's similarity and the
-    best rival of its image (text side) or caption (image side); NaN where there is no rival (one image)."""
+    best rival of its image (text side) or caption (image side); NaN where there is no rival (one image).
+
+    ``targets`` names the caption of each image (image j's is caption ``targets[j]``; default j). ARO and VALSE list
+    the right caption after the wrong one, so a tie, where the first index wins, counts as a miss, as it does in
+    their own ``argmax`` / strict comparison."""
     n_items, m, _ = images.shape
-    g = min(m, texts.shape[1])
+    g = min(m, texts.shape[1]) if targets is None else len(targets)
     gt = torch.arange(g)
+    want = gt if targets is None else torch.tensor(targets, dtype=torch.int64)
     out = {name: np.zeros(n_items, dtype=bool) for name in ("text_right", "image_right", "text_tied", "image_tied")}
     out |= {name: np.full(n_items, np.nan) for name in ("text_margin", "image_margin")}
     for i in range(n_items):
         scores = images[i] @ texts[i].t()
-        out["text_right"][i] = bool((scores.argmax(dim=1)[:g] == gt).all())
-        out["image_right"][i] = bool((scores.argmax(dim=0)[:g] == gt).all())
-        rows, cols = scores[:g], scores[:, :g]
+        out["text_right"][i] = bool((scores.argmax(dim=1)[:g] == want).all())
+        rows, cols = scores[:g], scores[:, want]
+        out["image_right"][i] = bool((cols.argmax(dim=0) == gt).all())
         out["text_tied"][i] = bool(((rows == rows.max(dim=1, keepdim=True).values).sum(dim=1) > 1).any())
         out["image_tied"][i] = bool(((cols == cols.max(dim=0, keepdim=True).values).sum(dim=0) > 1).any())
-        right = scores.diagonal()[:g]
-        for side, rivals in (("text", rows.clone()), ("image", cols.t().clone())):
+        right = scores[gt, want]
+        for side, rivals, own in (("text", rows.clone(), want), ("image", cols.t().clone(), gt)):
             if rivals.shape[1] > 1:  # rivals[j]: the other captions of image j / the other images of caption j
-                rivals[gt, gt] = -torch.inf
+                rivals[gt, own] = -torch.inf
                 out[f"{side}_margin"][i] = float((right - rivals.max(dim=1).values).min())
     return out
+
+
+def grouped_accuracy(right: np.ndarray, groups: list[str] | np.ndarray, *, exclude: frozenset[str] = frozenset(),
+                     min_count: int = 1) -> float:
+    """ARO's macro accuracy: the mean over groups (sorted, as ``np.unique`` lists them) of each group's accuracy,
+    in float64 as its numpy/pandas code averages, over groups with at least ``min_count`` items and not in
+    ``exclude`` (VG-Relation leaves out its symmetric relations, VG-Attribution pairs with fewer than 25 items).
+    NaN when no group qualifies."""
+    labels = np.asarray(groups)
+    right = np.asarray(right, dtype=bool)
+    accs = [right[labels == g].mean() for g in np.unique(labels)
+            if g not in exclude and int((labels == g).sum()) >= min_count]
+    return float(np.mean(accs)) if accs else float("nan")
 
 
 def selection_accuracy(images: torch.Tensor, texts: torch.Tensor) -> tuple[dict[str, float], int]:

@@ -167,11 +167,12 @@ def score_retrieval(store: EmbeddingStore, images: EmbeddingRef, captions: Embed
 
 
 def score_selection(store: EmbeddingStore, images: EmbeddingRef, captions: EmbeddingRef, item_images: np.ndarray,
-                    n_images: int, *, keep_samples: bool = False
+                    n_images: int, *, keep_samples: bool = False, targets: tuple[int, ...] | None = None
                     ) -> tuple[dict[str, float], int, dict[str, int], dict[str, np.ndarray] | None]:
     """Image-caption selection over the cache: items whose images were all encoded (an image skipped as
     undecodable drops its items, counted in ``skipped_images``); (metrics, items scored, tie-sensitive items and,
-    with ``keep_samples``, each scored item's outcomes with its ``sample_index``, the item's position)."""
+    with ``keep_samples``, each scored item's outcomes with its ``sample_index``, the item's position); ``targets``:
+    each image's caption index (:func:`~clipcache.tasks.score.selection.selection_outcomes`)."""
     from clipcache.tasks.score.selection import selection_metrics, selection_outcomes
 
     image_entry, caption_entry = store.open(images.key), store.open(captions.key)
@@ -191,7 +192,8 @@ def score_selection(store: EmbeddingStore, images: EmbeddingRef, captions: Embed
     order = np.argsort(caption_item, kind="stable")  # captions item by item, in their order within the item
     text_vectors = load_rows(caption_entry, torch.device("cpu"), caption_row[order])
     text_vectors = text_vectors.view(n_items, int(n_captions[0]), -1)[torch.from_numpy(keep)]
-    outcomes = selection_outcomes(image_vectors.view(int(keep.sum()), per_item, -1), text_vectors)
+    outcomes = selection_outcomes(image_vectors.view(int(keep.sum()), per_item, -1), text_vectors,
+                                  targets=targets)
     metrics, tied = selection_metrics(outcomes)
     samples = {**outcomes, "sample_index": np.flatnonzero(keep)} if keep_samples else None
     return with_skipped_images(metrics, image_entry), int(keep.sum()), {"acc": tied}, samples
