@@ -10,6 +10,8 @@ content).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from clipcache.storage.embedding_store import EmbeddingStore
@@ -22,7 +24,12 @@ def digests_array(digests: list[bytes]) -> np.ndarray:
     return np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), 32)
 
 
-class ContentPool:
+class Pool:
+    """A pool's batches: ``pools/<pool>/<batch key>`` markers, each batch an entry with ``digest_array`` (rows x 32
+    bytes) beside its embeddings. Shared by the image pool here and the text pool (storage/text_pool.py)."""
+
+    digest_array: ClassVar[str] = DIGEST_ARRAY
+
     def __init__(self, store: EmbeddingStore, pool: str):
         self.store = store
         self.pool = pool
@@ -34,17 +41,20 @@ class ContentPool:
         return sorted(p.name for p in self.folder.iterdir() if self.store.has(p.name))
 
     def register(self, batch_key: str) -> None:
+        """List a batch in the pool: only once the batch is published, so a reader never sees a half-written one."""
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / batch_key).touch()
 
     def index(self) -> dict[bytes, tuple[str, int]]:
-        """digest -> (batch key, row) of every input the pool holds."""
+        """digest -> (batch key, row) of every input the pool holds (the first batch holding it)."""
         found: dict[bytes, tuple[str, int]] = {}
         for key in self.batch_keys():
-            for row, sha in enumerate(self.store.open(key).array(DIGEST_ARRAY)):
+            for row, sha in enumerate(self.store.open(key).array(self.digest_array)):
                 found.setdefault(sha.tobytes(), (key, row))
         return found
 
+
+class ContentPool(Pool):
     def gather(self, where: list[tuple[str, int]]) -> np.ndarray:
         """The vectors at (batch key, row) positions, in that order (each batch read once)."""
         keys = list(dict.fromkeys(key for key, _ in where))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clipcache.storage.embedding_store import EmbeddingStore
+from clipcache.storage.content_pool import Pool
 
 
 def text_sha256(texts: list[str]) -> np.ndarray:
@@ -32,28 +32,8 @@ class PoolLookup:
     row: np.ndarray
 
 
-class TextPool:
-    def __init__(self, store: EmbeddingStore, pool: str):
-        self.store = store
-        self.pool = pool
-        self.folder = store.root / "pools" / pool
-
-    def batch_keys(self) -> list[str]:
-        if not self.folder.exists():
-            return []
-        return sorted(p.name for p in self.folder.iterdir() if self.store.has(p.name))
-
-    def register(self, batch_key: str) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / batch_key).touch()
-
-    def index(self) -> dict[bytes, tuple[str, int]]:
-        found: dict[bytes, tuple[str, int]] = {}
-        for key in self.batch_keys():
-            shas = self.store.open(key).array("text_sha256")
-            for row, sha in enumerate(shas):
-                found.setdefault(sha.tobytes(), (key, row))
-        return found
+class TextPool(Pool):
+    digest_array = "text_sha256"
 
     def missing(self, texts: list[str]) -> list[str]:
         """Distinct texts not in the pool yet, in first-seen order."""
