@@ -27,15 +27,19 @@ from clipcache.tasks.contract import (
     Ties,
 )
 from clipcache.tasks.evaluation.base import EvalTask
+from clipcache.tasks.evaluation.composed_retrieval import ComposedRetrieval
 from clipcache.tasks.evaluation.image_clustering import ImageClustering
+from clipcache.tasks.evaluation.knn_classification import KnnClassification
 from clipcache.tasks.evaluation.linear_probe import LinearProbe
+from clipcache.tasks.evaluation.mieb_linear_probe import MiebLinearProbe
 from clipcache.tasks.evaluation.zeroshot_retrieval import ZeroShotRetrieval
 from clipcache.tasks.models.spec import ModelSpec
 
 RetrievalMetric = Literal["recall", "mrr", "ndcg", "rank"]
 # The built-in tasks whose options are run parameters (flags, config keys). Each such parameter takes its default,
 # constraints and help from the task's Options model, where they are written once.
-OPTION_TASKS: tuple[type[EvalTask], ...] = (ZeroShotRetrieval, LinearProbe, ImageClustering)
+OPTION_TASKS: tuple[type[EvalTask], ...] = (ZeroShotRetrieval, LinearProbe, ImageClustering, MiebLinearProbe,
+                                              KnnClassification, ComposedRetrieval)
 SWEPT_OPTIONS = ("fewshot_k",)  # a list of values: one experiment per value
 
 
@@ -104,7 +108,7 @@ class EvaluateParams(BaseModel):
                                                                        "interval (0: no intervals)")
     # task options: default, constraints and help from the tasks' Options models
     ties: Ties = task_option(ZeroShotRetrieval, "ties")
-    train_split: str = task_option(LinearProbe, "train_split")
+    train_split: str = task_option(LinearProbe, "train_split", MiebLinearProbe, KnnClassification)
     val_split: str | None = task_option(LinearProbe, "val_split")
     val_proportion: float | None = task_option(LinearProbe, "val_proportion")
     fewshot_k: list[int] = swept_option(LinearProbe, "fewshot_k", "several values give one probe (one "
@@ -112,6 +116,14 @@ class EvaluateParams(BaseModel):
     fewshot_lr: float = task_option(LinearProbe, "fewshot_lr")
     fewshot_epochs: int = task_option(LinearProbe, "fewshot_epochs")
     seed: int = task_option(LinearProbe, "seed", ImageClustering)
+    samples_per_label: int = task_option(MiebLinearProbe, "samples_per_label")
+    n_experiments: int = task_option(MiebLinearProbe, "n_experiments")
+    probe_seed: int = task_option(MiebLinearProbe, "probe_seed")
+    probe_max_iter: int = task_option(MiebLinearProbe, "probe_max_iter")
+    probe_features: Literal["raw", "normalized"] = task_option(MiebLinearProbe, "probe_features")
+    knn_k: int = task_option(KnnClassification, "knn_k")
+    knn_weights: Literal["uniform", "distance"] = task_option(KnnClassification, "knn_weights")
+    reference_image: Literal["layout", "exclude", "keep"] = task_option(ComposedRetrieval, "reference_image")
     normalize: str = Field("true", description="linear_probe: L2-normalised features, clip_benchmark's default "
                                                "(the only choice: the cache holds normalised embeddings)")
     batch_size: PositiveInt = Field(BATCH_SIZE, description="images or texts per forward pass")

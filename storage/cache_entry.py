@@ -121,6 +121,25 @@ class EmbeddingEntry:
     def embeddings(self, verify: bool = True) -> np.ndarray:
         return self.array("embeddings", verify)
 
+    @property
+    def has_norms(self) -> bool:
+        """Whether the entry keeps each row's L2 norm before normalisation (entries written before clipcache kept
+        them, sharded encodes and models that return normalised vectors do not)."""
+        return "norms" in self._group
+
+    def norms(self, needed_by: str, verify: bool = True) -> np.ndarray:
+        """Each row's L2 norm before normalisation (float32); an entry without them is one line naming the remedy."""
+        if not self.has_norms:
+            raise CacheIntegrityError(
+                f"cache entry {self.key} keeps no norms (written before clipcache kept each row's norm, or by a model "
+                f"that returns normalised vectors) and {needed_by} needs the raw features; delete it with "
+                f"`{self.remedy('rm')}` and run the evaluation again to re-encode it")
+        return self.array("norms", verify)
+
+    def raw_embeddings(self, needed_by: str, verify: bool = True) -> np.ndarray:
+        """The features before L2 normalisation: each normalised row times its norm (float32)."""
+        return self.embeddings(verify) * self.norms(needed_by, verify)[:, None]
+
     def blocks(self, name: str, min_rows: int) -> Iterator[tuple[int, np.ndarray]]:
         """(first row, rows) in blocks of at least ``min_rows`` rows (whole checksum blocks), each checked as read;
         the memory held is one block, never the array."""
@@ -154,6 +173,9 @@ class EmbeddingEntry:
             if name == "embeddings" and values.dtype.kind == "f" and not np.isfinite(values).all():
                 row = int(np.flatnonzero(~np.isfinite(values).all(axis=1))[0])
                 problems.append(f"cache entry {self.key}: non-finite embedding at row {row} ({self.path})")
+            if name == "norms" and not (np.isfinite(values) & (values >= 0)).all():
+                row = int(np.flatnonzero(~(np.isfinite(values) & (values >= 0)))[0])
+                problems.append(f"cache entry {self.key}: invalid norm at row {row} ({self.path})")
         return problems
 
     def ref(self) -> EmbeddingRef:

@@ -6,6 +6,10 @@ any model size. ``progress.json`` (replaced atomically) records what is committe
 the seals of finished blocks and of the committed rows of the unfinished one. A resumed writer checks those rows
 against their seal (a kill while a chunk file was being rewritten can damage them) and goes back to the block start
 if they fail, so a resumed entry is always bit-identical to an uninterrupted one.
+
+Rows given with their norms before normalisation (``add(..., norms=...)``, what the encode stage's models give)
+keep them in a ``norms`` float32 array, written, sealed and committed with the rows: raw features are normalised
+row x norm. The first rows decide whether an entry has norms; a resumed entry keeps what its partial entry has.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class EntryWriter:
         self.key = entry_key(key_fields)
         self.kind = kind
         self.dim: int | None = None
+        self.norms: bool | None = None  # whether the entry keeps each row's norm: decided by the first rows
         self.capacity = max(int(capacity), 1)
         self.aux = aux
         self.chunk_rows = store.chunk_rows
@@ -59,7 +64,7 @@ class EntryWriter:
 
     @property
     def arrays(self) -> list[str]:
-        return ["embeddings", "position", *self.aux]
+        return ["embeddings", "position", *(["norms"] if self.norms else []), *self.aux]
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def __enter__(self) -> EntryWriter:
@@ -102,6 +107,7 @@ class EntryWriter:
             return
         group = open_group(self.partial, "r")
         self.dim = int(member(group, "embeddings").shape[1])
+        self.norms = "norms" in group  # a partial entry from before norms were kept resumes without them
         rows = int(progress["rows"])
         full = rows // self.chunk_rows * self.chunk_rows
         self.seals = {name: list(progress["seals"].get(name, []))[: full // self.chunk_rows] for name in self.arrays}
@@ -116,14 +122,17 @@ class EntryWriter:
         self.start_position = int(np.asarray(member(group, "position")[rows - 1])) + 1 if rows else 0
         self.resumed = rows > 0
 
-    def _create_arrays(self, dim: int) -> None:
-        self.dim = dim
+    def _create_arrays(self, dim: int, norms: bool) -> None:
+        self.dim, self.norms = dim, norms
         group = open_group(self.partial, "w")
         rows = min(self.chunk_rows, self.capacity)  # a small entry is one small chunk, not a padded full one
         group.create_array("embeddings", shape=(self.capacity, dim), chunks=(rows, dim), dtype="float32",
                            compressors=None, fill_value=0.0)
         group.create_array("position", shape=(self.capacity,), chunks=(rows,), dtype="int64", compressors=None,
                            fill_value=-1)
+        if norms:
+            group.create_array("norms", shape=(self.capacity,), chunks=(rows,), dtype="float32", compressors=None,
+                               fill_value=0.0)
         for name, spec in self.aux.items():
             group.create_array(name, shape=(self.capacity, *spec.trailing_shape),
                                chunks=(rows, *spec.trailing_shape), dtype=spec.dtype, compressors=None)
@@ -138,16 +147,25 @@ class EntryWriter:
         })
 
     # -- writing ---------------------------------------------------------------------------------------------------
-    def add(self, embeddings: np.ndarray, positions: np.ndarray, **aux: np.ndarray) -> None:
+    def add(self, embeddings: np.ndarray, positions: np.ndarray, norms: np.ndarray | None = None,
+            **aux: np.ndarray) -> None:
+        """Buffer rows (L2-normalised) with their input positions, their norms before normalisation when the model
+        gives them, and the entry's auxiliary arrays."""
         embeddings = np.asarray(embeddings, dtype=np.float32)
         if self.dim is None and embeddings.ndim == 2:
-            self._create_arrays(embeddings.shape[1])
+            self._create_arrays(embeddings.shape[1], norms is not None)
         if embeddings.ndim != 2 or embeddings.shape[1] != self.dim:
             raise ValueError(f"expected embeddings of shape (n, {self.dim}), got {embeddings.shape}")
         if set(aux) != set(self.aux):
             raise ValueError(f"expected auxiliary arrays {sorted(self.aux)}, got {sorted(aux)}")
+        if norms is not None and np.shape(norms) not in ((len(embeddings),), (len(embeddings), 1)):
+            raise ValueError(f"expected {len(embeddings)} norms, got an array of shape {np.shape(norms)}")
+        if self.norms and norms is None:
+            raise ValueError(f"entry {self.key} keeps each row's norm: rows without norms cannot join it")
         self._pending.setdefault("embeddings", []).append(embeddings)
         self._pending.setdefault("position", []).append(np.asarray(positions, dtype=np.int64))
+        if self.norms:  # norms given to an entry resumed from before they were kept are left out, as its rows were
+            self._pending.setdefault("norms", []).append(np.asarray(norms, dtype=np.float32).reshape(-1))
         for name, values in aux.items():
             self._pending.setdefault(name, []).append(np.asarray(values, dtype=self.aux[name].dtype))
         due = time.monotonic() - self._last_commit >= self.commit_seconds

@@ -4,6 +4,7 @@ Layout under the store root::
 
     embeddings/<key>.zarr/          a complete entry (immutable once published)
         embeddings                  float32 (rows, dim), L2-normalised, chunked by chunk_rows rows, uncompressed
+        norms                       float32 (rows,): each row's L2 norm before normalisation, where the model gave it
         position                    int64 (rows,): the input position each row came from (sample / caption / prompt)
         <aux arrays>                per-row data the scorer needs (targets, caption -> sample index, ...)
         zarr.json attributes        key, key_fields, count, dim, per-array block SHA-256 seals, created_at, metadata,

@@ -251,9 +251,12 @@ def test_cache_ls_info_gc(prefect_server, tmp_path, capsys):
     image = next(r for r in rows if r["dataset"] == "shapes" and r["kind"] == "image")
     # which tasks read which entry: each task declares the roles and the kinds of data it reads
     served = {(r["dataset"], r["kind"]): r["tasks"] for r in rows}
-    assert served[("shapes", "image")] == ["image_clustering", "linear_probe", "zeroshot_classification"]
+    assert served[("shapes", "image")] == ["face_attributes", "image_clustering", "knn_classification",
+                                           "linear_probe", "mieb_linear_probe", "zeroshot_classification"]
     assert served[("shapes_retrieval", "image")] == served[("shapes_retrieval", "caption")] == ["zeroshot_retrieval"]
-    assert [r["tasks"] for r in rows if r["kind"] == "prompt"] == [["zeroshot_classification"]]
+    # the prompt pool: class prompts, FairFace's heads' prompts and the texts mteb's tasks encode share it
+    assert [r["tasks"] for r in rows if r["kind"] == "prompt"] == [["face_attributes", "mieb",
+                                                                    "zeroshot_classification"]]
     assert main(["cache", "--cache_dir", root, "ls", "--json", "--task", "linear_probe"]) == 0
     assert [json.loads(line)["key"] for line in capsys.readouterr().out.strip().splitlines()] == [image["key"]]
     assert main(["cache", "--cache_dir", root, "ls"]) == 0

@@ -141,7 +141,7 @@ def test_equal_to_mteb_cirr_it2i_on_the_cached_embeddings(tmp_path, monkeypatch)
     store = EmbeddingStore(tmp_path / "cache")
     run = {reference: evaluate_one("composed_retrieval", model_session, DataSource("shapes_cirr", str(cirr),
                                                                                    split="val"),
-                                   store, memo, encode=EncodeSettings(8, 0), options={"reference": reference})
+                                   store, memo, encode=EncodeSettings(8, 0), options={"reference_image": reference})
            for reference in ("keep", "exclude")}
     data = open_composed("shapes_cirr", cirr, "val", None)
     entries = {store.open(k).attrs["key_fields"]["role"]: store.open(k).embeddings() for k in store.keys()}

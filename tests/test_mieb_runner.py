@@ -105,21 +105,19 @@ def copies(tmp_path_factory):
 
 
 def counting(model_session, monkeypatch):
-    """Count the images and texts the loaded model encodes."""
+    """Count the images and texts the loaded model encodes, where every path of the bundled (two-tower) model goes
+    through: ``image_features_and_norms`` and ``encode_texts_with_norms``."""
     counts = {"images": 0, "texts": 0}
     model = model_session.model
-    encode_images, encode_texts = model.encode_images, model.encode_texts
 
-    def images(pixels):
-        counts["images"] += len(pixels)
-        return encode_images(pixels)
+    def counted(kind, original):
+        def call(batch):
+            counts[kind] += len(batch)
+            return original(batch)
+        return call
 
-    def texts(batch):
-        counts["texts"] += len(batch)
-        return encode_texts(batch)
-
-    monkeypatch.setattr(model, "encode_images", images)
-    monkeypatch.setattr(model, "encode_texts", texts)
+    monkeypatch.setattr(model, "image_features_and_norms", counted("images", model.image_features_and_norms))
+    monkeypatch.setattr(model, "encode_texts_with_norms", counted("texts", model.encode_texts_with_norms))
     return counts
 
 

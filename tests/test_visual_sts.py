@@ -137,7 +137,7 @@ def test_equal_to_mteb_sts12_visual_sts_on_the_cached_embeddings(tmp_path):
     scored = evaluate_one("visual_sts", model_session, DataSource("sts12", str(root)), store, memo,
                           encode=EncodeSettings(8, 0))
     [key] = store.keys()  # both sides in one entry
-    vectors = store.open(key).embeddings()
+    vectors = store.open(key).raw_embeddings("test")  # what mteb's CLIP-style wrappers give: raw features
     data = open_visual_sts("sts12", root, "test", None)
     assert len(vectors) == len(data.images) == 40
     by_pixels = {}

@@ -3,7 +3,7 @@
 - :class:`DeviceFeeder` (CUDA): the batch's host-to-device copy runs on a copy stream from pinned memory (so the
   next batch's copy overlaps the current forward pass), the forward pass is queued without waiting, and the vectors
   come back by an asynchronous device-to-host copy into pinned memory, finished when a CUDA event says so. On the
-  CPU (and for models without ``image_features``) it simply calls ``encode_images``.
+  CPU (and for models without ``image_features_and_norms``) it simply calls ``encode_images``.
 - :class:`BackgroundWriter`: the cache writer's ``add`` (Zarr chunk writes, commits) runs in one thread behind a
   bounded queue, so storage never stalls the loop that feeds the device. Its error is raised in the encoding thread
   at the next batch or at the end (the same exception: a full disk stays a full disk); rows committed before it
@@ -28,22 +28,33 @@ MAX_WAITING = 4  # batches of vectors between the encoding thread and the writer
 
 
 class PendingVectors:
-    """Vectors being copied back from the device; ``result()`` waits for them (in the writer thread)."""
+    """Vectors (and each one's norm before normalisation, when the model gives it) being copied back from the
+    device; ``result()`` waits for them (in the writer thread)."""
 
-    def __init__(self, host: torch.Tensor | np.ndarray, event: Any = None, keep: np.ndarray | None = None):
-        self._host, self._event, self._keep = host, event, keep
+    def __init__(self, host: torch.Tensor | np.ndarray, event: Any = None, keep: np.ndarray | None = None,
+                 norms: torch.Tensor | np.ndarray | None = None):
+        self._host, self._event, self._keep, self._norms = host, event, keep, norms
 
     def result(self) -> np.ndarray:
+        return self.result_and_norms()[0]
+
+    def result_and_norms(self) -> tuple[np.ndarray, np.ndarray | None]:
         if self._event is not None:
             self._event.synchronize()
-        values = self._host.numpy() if isinstance(self._host, torch.Tensor) else self._host
-        return values if self._keep is None else values[self._keep]
+        values, norms = _numpy(self._host), None if self._norms is None else _numpy(self._norms)
+        if self._keep is None:
+            return values, norms
+        return values[self._keep], None if norms is None else norms[self._keep]
+
+
+def _numpy(values: torch.Tensor | np.ndarray) -> np.ndarray:
+    return values.numpy() if isinstance(values, torch.Tensor) else values
 
 
 class DeviceFeeder:
     def __init__(self, model: Any, device: torch.device):
         self.model = model
-        self.overlap = device.type == "cuda" and callable(getattr(model, "image_features", None))
+        self.overlap = device.type == "cuda" and callable(getattr(model, "image_features_and_norms", None))
         self.copy_stream = torch.cuda.Stream(device=device) if self.overlap else None
         self.device = device
 
@@ -53,7 +64,11 @@ class DeviceFeeder:
         ImageBatch they came from, told when its memory may be reused."""
         stream = self.copy_stream
         if stream is None:
-            return PendingVectors(self.model.encode_images(pixels), keep=keep)
+            with_norms = getattr(self.model, "encode_images_with_norms", None)
+            if with_norms is None:  # a model outside the EmbeddingModel hierarchy (a test double)
+                return PendingVectors(self.model.encode_images(pixels), keep=keep)
+            vectors, norms = with_norms(pixels)
+            return PendingVectors(vectors, keep=keep, norms=norms)
         compute = torch.cuda.current_stream(self.device)
         with torch.inference_mode():
             if pixels.device.type != "cuda":
@@ -67,12 +82,14 @@ class DeviceFeeder:
                 on_device.record_stream(compute)  # its memory belongs to the compute stream's work now
             else:
                 on_device = pixels
-            features = self.model.image_features(on_device)
+            features, norms = self.model.image_features_and_norms(on_device)
             host = torch.empty(features.shape, dtype=features.dtype, pin_memory=True)
             host.copy_(features, non_blocking=True)
+            host_norms = torch.empty(norms.shape, dtype=norms.dtype, pin_memory=True)
+            host_norms.copy_(norms, non_blocking=True)
             done = torch.cuda.Event()
             done.record(compute)
-        return PendingVectors(host, done, keep)
+        return PendingVectors(host, done, keep, norms=host_norms)
 
 
 class BackgroundWriter:
@@ -104,7 +121,8 @@ class BackgroundWriter:
                 continue  # failed: drain, so the encoding thread never blocks on a full queue
             vectors, positions, extra = item
             try:
-                self.writer.add(vectors.result(), positions, **extra)
+                values, norms = vectors.result_and_norms()
+                self.writer.add(values, positions, **extra, **({} if norms is None else {"norms": norms}))
             except BaseException as e:  # noqa: B036 (handed to the encoding thread, which raises it)
                 self._error = e
 

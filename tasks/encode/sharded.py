@@ -174,6 +174,8 @@ def encode_shard(job: ShardJob) -> ShardDone:
     model = session.model
     group = open_group(store.partial_path(job.key), "r+")
     skipped: list[int] = []
+    # each row's norm before normalisation, where the model gives it (see EmbeddingModel.encode_images_with_norms)
+    norms: np.ndarray | None = np.zeros(job.hi - job.lo, dtype=np.float32)
     if job.role == "image":
         # rows of skipped images stay zero here; publish_sharded drops them (a shard may even skip every image)
         out = np.zeros((job.hi - job.lo, member(group, "embeddings").shape[1]), dtype=np.float32)
@@ -185,14 +187,24 @@ def encode_shard(job: ShardJob) -> ShardDone:
                 log.warning("skipping: %s", message)
                 skipped.append(int(index))
             if batch.pixels is not None:
-                out[batch.indices - job.lo] = model.encode_images(batch.pixels)
+                vectors, batch_norms = model.encode_images_with_norms(batch.pixels)
+                out[batch.indices - job.lo] = vectors
+                if norms is not None and batch_norms is not None:
+                    norms[batch.indices - job.lo] = batch_norms
+                else:
+                    norms = None
     else:
         texts = distinct_captions(dataset)[0][job.lo : job.hi]
         batch_size = job.settings.batch_size
-        out = np.concatenate([model.encode_texts(texts[i : i + batch_size])
-                              for i in range(0, len(texts), batch_size)]).astype(np.float32, copy=False)
+        parts = [model.encode_texts_with_norms(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
+        out = np.concatenate([v for v, _ in parts]).astype(np.float32, copy=False)
+        norms = None if any(n is None for _, n in parts) else np.concatenate([n for _, n in parts if n is not None])
     member(group, "embeddings")[job.lo : job.hi] = out
-    atomic_write_json(marker, {"lo": job.lo, "hi": job.hi, "skipped": skipped})
+    with_norms = False
+    if norms is not None and "norms" in group:  # a partial entry prepared before norms were kept has none
+        member(group, "norms")[job.lo : job.hi] = norms
+        with_norms = True
+    atomic_write_json(marker, {"lo": job.lo, "hi": job.hi, "skipped": skipped, "norms": with_norms})
     return ShardDone(job.lo, job.hi, job.hi - job.lo - len(skipped), tuple(skipped))
 
 
@@ -225,6 +237,9 @@ def prepare_entry(store: EmbeddingStore, key_fields: dict[str, Any], plan: Shard
         group.create_array("position", shape=(rows,), chunks=(chunk,), dtype="int64", compressors=None,
                            fill_value=-1)
         member(group, "position")[:] = np.arange(rows, dtype=np.int64)
+        # kept only if every shard's model gave norms (publish_sharded drops it otherwise)
+        group.create_array("norms", shape=(rows,), chunks=(chunk,), dtype="float32", compressors=None,
+                           fill_value=0.0)
         for name, values in aux.items():
             arr = group.create_array(name, shape=values.shape, chunks=(chunk, *values.shape[1:]),
                                      dtype=values.dtype, compressors=None)
@@ -239,13 +254,18 @@ def publish_sharded(store: EmbeddingStore, key_fields: dict[str, Any], kind: str
     """Check every shard is done, drop skipped rows, checksum and publish. Call with the key's lock held."""
     key = entry_key(key_fields)
     skipped: list[int] = []
+    with_norms = True
     for lo, hi in plan.shards:
         marker = _marker(store, key, lo, hi)
         if not marker.exists():
             raise DatasetError(f"cache entry {key}: shard {lo}..{hi - 1} was not written")
-        skipped += json.loads(marker.read_text())["skipped"]
+        done = json.loads(marker.read_text())
+        skipped += done["skipped"]
+        with_norms = with_norms and bool(done.get("norms"))
     group = open_group(store.partial_path(key), "r+")
-    names = ["embeddings", "position", *aux_names]
+    if not with_norms and "norms" in group:  # some shard's model gave none: the entry keeps none, as one process's
+        del group["norms"]
+    names = ["embeddings", "position", *(["norms"] if with_norms else []), *aux_names]
     rows = plan.rows
     if skipped:  # the single-process writer never stores skipped images: close the gaps the same way
         keep = np.ones(plan.rows, dtype=bool)

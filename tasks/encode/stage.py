@@ -215,13 +215,18 @@ def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore,
             for lo in range((start // batch_size) * batch_size, len(texts), batch_size):
                 hi = min(lo + batch_size, len(texts))
                 first = max(start, lo)  # same batches as an uninterrupted run; committed rows are dropped
-                vectors = (model.encode_texts(texts[first:hi]) if model.batch_invariant  # an API: only what is missing
-                           else model.encode_texts(texts[lo:hi])[first - lo:])
-                writer.add(vectors, np.arange(first, hi, dtype=np.int64),
+                vectors, norms = (model.encode_texts_with_norms(texts[first:hi]) if model.batch_invariant  # an API
+                                  else _rows_from(model.encode_texts_with_norms(texts[lo:hi]), first - lo))
+                writer.add(vectors, np.arange(first, hi, dtype=np.int64), norms=norms,
                            **{name: v[first:hi] for name, v in aux_values.items()})
                 advance(hi - first)
         ref = writer.finish(meta={"model": session.resolved.display_name, **(meta or {})}, extra_arrays=extra_arrays)
     return EncodeOutcome(ref, cache_hit=False, resumed=start > 0, encoded=len(texts) - start)
+
+
+def _rows_from(encoded: tuple[np.ndarray, np.ndarray | None], first: int) -> tuple[np.ndarray, np.ndarray | None]:
+    vectors, norms = encoded
+    return vectors[first:], None if norms is None else norms[first:]
 
 
 def distinct_captions(dataset: EvalDataset) -> tuple[list[str], np.ndarray, np.ndarray]:

@@ -40,6 +40,8 @@ TASKS.register("visual_sts", "clipcache.tasks.evaluation.visual_sts:VisualSts")
 TASKS.register("multiple_choice", "clipcache.tasks.evaluation.multiple_choice:MultipleChoice")
 TASKS.register("mieb", "clipcache.tasks.evaluation.mieb_runner:MiebTask")
 TASKS.register("composed_retrieval", "clipcache.tasks.evaluation.composed_retrieval:ComposedRetrieval")
+TASKS.register("mieb_linear_probe", "clipcache.tasks.evaluation.mieb_linear_probe:MiebLinearProbe")
+TASKS.register("knn_classification", "clipcache.tasks.evaluation.knn_classification:KnnClassification")
 TASKS.register("face_attributes", "clipcache.tasks.evaluation.face_attributes:FaceAttributes")
 
 

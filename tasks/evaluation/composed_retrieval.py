@@ -48,7 +48,7 @@ class ComposedRetrieval(EvalTask):
     main_metrics = (("recall", 10, "composed_recall@10", 1),)
 
     class Options(TaskOptions):
-        reference: Literal["layout", "exclude", "keep"] = Field(
+        reference_image: Literal["layout", "exclude", "keep"] = Field(
             "layout", description="whether a query's reference image is a candidate: exclude (CIRR's own "
                                   "evaluation), keep (MIEB's), or layout: exclude for CIRR's files, keep for "
                                   "FashionIQ's and MIEB's")
@@ -100,7 +100,7 @@ class ComposedRetrieval(EvalTask):
 
         started = time.perf_counter()
         data = prepared.data
-        choice = self.Options.of(settings).reference
+        choice = self.Options.of(settings).reference_image
         exclude = data.excludes_reference if choice == "layout" else choice == "exclude"
         entry = store.open(encoded.outcomes[IMAGE].ref.key)
         rows = image_rows(entry, len(data.images))

@@ -3,12 +3,14 @@ two images' embeddings ranks pairs as people scored their similarity. Metrics an
 in tasks/score/sts.py; the layouts (``pairs.jsonl``, or MIEB's Parquet files) in tasks/datasets/mieb_layouts.py.
 
 The images of both sides are one cache entry (role ``pair_image``; a file used by several pairs is encoded once),
-so a rescore reads the folder's gold scores and the cache only. Each pair is a sample row (unit ``pair``: its cosine
+so a rescore reads the folder's gold scores and the cache only. The similarities are taken on the raw features
+(normalised row x its stored norm), as mteb's CLIP-style wrappers give them to its evaluator. Each pair is a sample row (unit ``pair``: its cosine
 similarity in ``score``, its gold score as given in ``value``), from which every stored correlation recomputes.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from clipcache.tasks.progress import StageProgress
 
 ROLE = "pair_image"
+log = logging.getLogger("clipcache.visual_sts")
 
 
 class VisualSts(EvalTask):
@@ -82,7 +85,7 @@ class VisualSts(EvalTask):
         rows = image_rows(entry, len(data.images))[data.pairs]  # (pairs, 2)
         kept = np.flatnonzero((rows >= 0).all(axis=1))  # a pair with an undecodable image leaves the set
         _enough_pairs(data.name, len(kept))
-        vectors = entry.embeddings()
+        vectors = _features(entry, data.name)
         similarities = pair_similarities(vectors[rows[kept, 0]], vectors[rows[kept, 1]])
         gold = [data.gold[i] for i in kept]
         metrics = sts_correlations(gold, similarities)
@@ -95,6 +98,17 @@ class VisualSts(EvalTask):
         evidence = Evidence("pair", columns, keys,
                             sts_intervals(gold, similarities["cosine"], resamples=settings.bootstrap))
         return Scored(metrics, len(kept), seconds=time.perf_counter() - started, evidence=evidence)
+
+
+def _features(entry: Any, name: str) -> Any:
+    """The raw features (normalised row x norm), what mteb's CLIP-style wrappers hand its STS evaluator: Manhattan
+    and Euclidean distances see the norms. An entry that keeps no norms scores its normalised rows, as before norms
+    were kept (cosine does not see them), and says so."""
+    if entry.has_norms:
+        return entry.raw_embeddings("visual_sts")
+    log.warning("%s: cache entry %s keeps no norms: manhattan_* and euclidean_* are on the normalised embeddings "
+                "(delete it with `%s` and run again for mteb's raw features)", name, entry.key[:12], entry.remedy("rm"))
+    return entry.embeddings()
 
 
 def _enough_pairs(name: str, n: int) -> None:

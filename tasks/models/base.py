@@ -42,6 +42,15 @@ class EmbeddingModel(ABC):
     @abstractmethod
     def encode_texts(self, texts: list[str]) -> np.ndarray: ...
 
+    # The encode stage stores each row's L2 norm before normalisation beside the normalised row, so a task that
+    # needs the raw features (MIEB probes them for SigLIP; its STS distances use them) gets normalised row x norm.
+    # A model that cannot say (an API that returns normalised vectors) answers None: its entries keep no norms.
+    def encode_images_with_norms(self, pixels: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
+        return self.encode_images(pixels), None
+
+    def encode_texts_with_norms(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
+        return self.encode_texts(texts), None
+
     def close(self, report: bool = True) -> None:  # noqa: B027 (a hook: most models hold nothing to release)
         """Called once when the run is over (``report``: it completed); API models print their cost line here."""
 
@@ -64,21 +73,39 @@ class TwoTowerModel(EmbeddingModel):
             return value.to(self.device, non_blocking=True)
         return {k: v.to(self.device, non_blocking=True) for k, v in value.items()}
 
-    def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
-        """L2-normalised float32 image vectors, left on the model's device: on CUDA nothing here waits for the
-        device, so the encode stage can overlap copies and writes with the forward pass (tasks/encode/overlap.py)."""
-        # Same operations as clip_benchmark: encode under autocast (if any), F.normalize, then float32.
+    def image_features_and_norms(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """L2-normalised float32 image vectors and each one's norm before normalisation (float32), left on the
+        model's device: on CUDA nothing here waits for the device, so the encode stage can overlap copies and writes
+        with the forward pass (tasks/encode/overlap.py)."""
         with torch.inference_mode(), autocast(self.device, self.amp):
-            features = F.normalize(self._encode_image(self._to_device(pixels)), dim=-1)
-        return features.float()
+            raw = self._encode_image(self._to_device(pixels))
+            return _normalised_and_norms(raw)
+
+    def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """L2-normalised float32 image vectors, left on the model's device."""
+        return self.image_features_and_norms(pixels)[0]
 
     def encode_images(self, pixels: torch.Tensor) -> np.ndarray:
         return self.image_features(pixels).cpu().numpy()
 
-    def encode_texts(self, texts: list[str]) -> np.ndarray:
+    def encode_images_with_norms(self, pixels: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
+        features, norms = self.image_features_and_norms(pixels)
+        return features.cpu().numpy(), norms.cpu().numpy()
+
+    def encode_texts_with_norms(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
         with torch.inference_mode(), autocast(self.device, self.amp):
-            features = F.normalize(self._encode_text(self._to_device(self.tokenize(texts))), dim=-1)
-        return features.float().cpu().numpy()
+            features, norms = _normalised_and_norms(self._encode_text(self._to_device(self.tokenize(texts))))
+        return features.cpu().numpy(), norms.cpu().numpy()
+
+    def encode_texts(self, texts: list[str]) -> np.ndarray:
+        return self.encode_texts_with_norms(texts)[0]
+
+
+def _normalised_and_norms(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # The normalised rows are clip_benchmark's operations exactly (F.normalize under autocast, then float32), so
+    # their bits do not change with the norms beside them; the norm is taken in float32 of the raw features.
+    features = F.normalize(raw, dim=-1).float()
+    return features, torch.linalg.vector_norm(raw.float(), dim=-1)
 
 
 def pooled(output: Any) -> torch.Tensor:

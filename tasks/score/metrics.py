@@ -71,6 +71,20 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
         MetricInfo(f"{d}_retrieval_mean_rank", False, False, f"{q}: mean 1-based rank of the best positive"),
         MetricInfo(f"{d}_retrieval_median_rank", False, False, f"{q}: median 1-based rank of the best positive"),
     )],
+    # mieb_linear_probe (tasks/score/mieb_probe.py): mteb's ImageClassification scores, mean and spread over experiments
+    *[m for name, what in (("accuracy", "accuracy"), ("f1", "macro F1"), ("f1_weighted", "support-weighted F1"),
+                           ("precision", "macro precision"), ("precision_weighted", "support-weighted precision"),
+                           ("recall", "macro recall"), ("recall_weighted", "support-weighted recall"),
+                           ("ap", "macro average precision of the predicted labels (two classes only)"),
+                           ("ap_weighted", "weighted average precision of the predicted labels (two classes only)"))
+      for m in (MetricInfo(f"mieb_lp_{name}", True, False, f"mieb_linear_probe: mean over experiments of the test "
+                                                             f"{what} of a logistic regression fitted on few-shot "
+                                                             f"train features (MIEB's linear probe)"),
+                MetricInfo(f"mieb_lp_{name}_std", False, False, f"mieb_linear_probe: standard deviation (ddof 0) "
+                                                                f"over experiments of the test {what}"))],
+    MetricInfo("knn_acc1", True, False, "knn_classification: fraction of test images whose k nearest train images "
+                                        "(cosine) vote for their class"),
+    MetricInfo("knn_mean_per_class_recall", True, False, "knn_classification: balanced accuracy of the kNN vote"),
 ]}
 
 _AT_K = re.compile(r"^(?P<metric>[a-z_]+)@(?P<k>\d+)$")

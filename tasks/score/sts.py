@@ -3,7 +3,7 @@ mteb 2.x): MIEB's visual STS sets are STS pairs rendered as images, so the two s
 
 For pairs ``(a_i, b_i)`` with gold similarity ``g_i``:
 
-- similarities, with scikit-learn's paired functions on the embeddings as stored: ``cosine = 1 -
+- similarities, with scikit-learn's paired functions on the raw features (normalised rows x their norms): ``cosine = 1 -
   paired_cosine_distances``, ``manhattan = -paired_manhattan_distances``, ``euclidean = -paired_euclidean_distances``;
 - gold, normalised as mteb does: ``(g - MIN_SCORE) / (MAX_SCORE - MIN_SCORE)`` (0 and 5, mteb's defaults, which every
   MIEB visual STS task keeps; a correlation does not change with it, the bits do);

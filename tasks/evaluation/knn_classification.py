@@ -1,0 +1,92 @@
+"""kNN classification: each test image takes the majority label of its k most similar train images (cosine over
+the cached normalised rows); the rule, its ties and weighting in tasks/score/knn.py. It reads the image entries
+linear_probe reads, so after a probe (or zero-shot classification plus a probe) it encodes nothing. Each test image
+is a sample row (unit ``image``: target, prediction, correct1), from which both metrics recompute.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import Field, PositiveInt
+
+from clipcache.tasks.contract import TaskOptions
+from clipcache.tasks.evaluation.base import (
+    DataSource,
+    Encoded,
+    EncodeSettings,
+    EvalTask,
+    Prepared,
+    PromptSettings,
+    Scored,
+    ScoreSettings,
+)
+from clipcache.tasks.evaluation.common import encode_split_images, open_single_label, sample_keys
+from clipcache.tasks.evaluation.linear_probe import LinearProbe
+
+_TRAIN_SPLIT = LinearProbe.Options.model_fields["train_split"]  # one default and help, shared with linear_probe
+
+if TYPE_CHECKING:
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.progress import StageProgress
+
+
+class KnnClassification(EvalTask):
+    name = "knn_classification"
+    short = "kNN"
+    description = "knn_acc1, knn_mean_per_class_recall: majority label of the k most similar cached train images"
+    needs = ("image",)
+    reads = ("classification",)
+    main_metrics = (("knn_acc1", None, "knn_acc1", 1),)
+
+    class Options(TaskOptions):
+        """scikit-learn's KNeighborsClassifier settings, cosine metric."""
+
+        encode_fields: ClassVar[tuple[str, ...]] = ("train_split",)
+
+        train_split: str = Field(_TRAIN_SPLIT.default, description=_TRAIN_SPLIT.description)  # linear_probe's
+        knn_k: PositiveInt = Field(20, description="neighbours per test image")
+        knn_weights: Literal["uniform", "distance"] = Field(
+            "uniform", description="uniform: one vote a neighbour; distance: 1 / (1 - cosine) (scikit-learn's)")
+
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+        test = open_single_label(self.name, source, progress)
+        return Prepared(test, len(test), source)
+
+    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
+               settings: EncodeSettings, progress: StageProgress, *,
+               sharded: dict[str, Any] | None = None) -> Encoded:
+        started = time.perf_counter()
+        options = self.Options.of(settings)
+        train = open_single_label(self.name, replace(prepared.source, split=options.train_split), progress)
+        outcomes = {role: encode_split_images(session, dataset, store, memo, settings, progress,
+                                              limit=prepared.source.limit, sharded=(sharded or {}).get(role))
+                    for role, dataset in (("image", prepared.data), ("train", train))}
+        return Encoded(outcomes, seconds=time.perf_counter() - started)
+
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+        import numpy as np
+
+        from clipcache.tasks.score.evidence import classification_evidence
+        from clipcache.tasks.score.knn import knn_metrics, knn_predict
+        from clipcache.tasks.score.stage import check_images
+
+        started = time.perf_counter()
+        options = self.Options.of(settings)
+        test_entry, train_entry = (store.open(encoded.outcomes[role].ref.key) for role in ("image", "train"))
+        check_images(test_entry, prepared.n_samples)
+        positions = np.asarray(test_entry.array("position"), np.int64)
+        target = np.asarray(test_entry.array("target"), np.int64)
+        train_y = np.asarray(train_entry.array("target"), np.int64)
+        prediction = knn_predict(train_entry.embeddings(), train_y, test_entry.embeddings(), k=options.knn_k,
+                                 weights=options.knn_weights)
+        samples = {"sample_index": positions, "target": target, "prediction": prediction,
+                   "correct1": prediction == target}
+        n_classes = int(max(train_y.max(), target.max())) + 1
+        evidence = classification_evidence(samples, n_classes, resamples=settings.bootstrap, prefix="knn_",
+                                           keys=sample_keys(prepared.data, positions))
+        return Scored(knn_metrics(target, prediction), len(target), seconds=time.perf_counter() - started,
+                      evidence=evidence)

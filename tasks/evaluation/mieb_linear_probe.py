@@ -1,0 +1,110 @@
+"""MIEB's linear probe (mteb 2.x ImageClassification: scikit-learn logistic regression on 16 train samples per label,
+5 experiments, mean and spread) over cached image features; the protocol in tasks/score/mieb_probe.py.
+
+It reads the image entries linear_probe and zero-shot classification read (the test split's and the train split's),
+so after either it encodes nothing new. ``probe_features: raw`` (the default) probes normalised row x stored norm, the
+raw features mteb's CLIP, OpenCLIP and SigLIP wrappers hand its evaluator; an entry written before norms were kept
+is refused in one line naming the command that deletes it, and ``probe_features: normalized`` probes the rows as cached.
+Each test image of each experiment is a sample row (unit ``image_experiment_<i>``: target, prediction, correct1),
+from which every experiment's scores, so their mean and spread, recompute.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import Field, PositiveInt
+
+from clipcache.tasks.contract import TaskOptions
+from clipcache.tasks.evaluation.base import (
+    DataSource,
+    Encoded,
+    EncodeSettings,
+    EvalTask,
+    Prepared,
+    PromptSettings,
+    Scored,
+    ScoreSettings,
+)
+from clipcache.tasks.evaluation.common import encode_split_images, open_single_label, sample_keys
+from clipcache.tasks.evaluation.linear_probe import LinearProbe
+
+_TRAIN_SPLIT = LinearProbe.Options.model_fields["train_split"]  # one default and help, shared with linear_probe
+
+if TYPE_CHECKING:
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.progress import StageProgress
+
+UNIT = "image_experiment_{}"
+
+
+class MiebLinearProbe(EvalTask):
+    name = "mieb_linear_probe"
+    short = "mieb probe"
+    description = ("mieb_lp_accuracy, mieb_lp_f1, ... (mean and _std over experiments): MIEB's logistic-regression "
+                   "probe on few-shot train features")
+    needs = ("image",)
+    reads = ("classification",)
+    main_metrics = (("mieb_lp_accuracy", None, "mieb_lp_accuracy", 1),)
+
+    class Options(TaskOptions):
+        """mteb's ImageClassification settings, with its defaults (the 16 / 5 of CIFAR10, DTD, Country211, ...)."""
+
+        encode_fields: ClassVar[tuple[str, ...]] = ("train_split",)
+
+        train_split: str = Field(_TRAIN_SPLIT.default, description=_TRAIN_SPLIT.description)  # linear_probe's
+        samples_per_label: PositiveInt = Field(16, description="training samples per label in each experiment "
+                                                               "(mteb's samples_per_label)")
+        n_experiments: PositiveInt = Field(5, description="experiments, each on its own pick (mteb's n_experiments)")
+        probe_seed: int = Field(42, description="the picks' and the classifier's seed (mteb's task seed)")
+        probe_max_iter: PositiveInt = Field(100, description="LogisticRegression's max_iter (mteb's "
+                                                             "evaluator_model)")
+        probe_features: Literal["raw", "normalized"] = Field(
+            "raw", description="raw: normalised rows x their stored norms (what mteb's CLIP-style wrappers give); "
+                               "normalized: the rows as cached")
+
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+        test = open_single_label(self.name, source, progress)
+        return Prepared(test, len(test), source)
+
+    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
+               settings: EncodeSettings, progress: StageProgress, *,
+               sharded: dict[str, Any] | None = None) -> Encoded:
+        started = time.perf_counter()
+        options = self.Options.of(settings)
+        train = open_single_label(self.name, replace(prepared.source, split=options.train_split), progress)
+        outcomes = {role: encode_split_images(session, dataset, store, memo, settings, progress,
+                                              limit=prepared.source.limit, sharded=(sharded or {}).get(role))
+                    for role, dataset in (("image", prepared.data), ("train", train))}
+        return Encoded(outcomes, seconds=time.perf_counter() - started)
+
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+        import numpy as np
+
+        from clipcache.tasks.score.evidence import Evidence
+        from clipcache.tasks.score.mieb_probe import mieb_probe
+        from clipcache.tasks.score.stage import check_images
+
+        started = time.perf_counter()
+        options = self.Options.of(settings)
+        features, labels = {}, {}
+        for role, outcome in encoded.outcomes.items():
+            entry = store.open(outcome.ref.key)
+            if role == "image":
+                check_images(entry, prepared.n_samples)
+                positions = np.asarray(entry.array("position"), np.int64)
+            readers = {"raw": lambda e: e.raw_embeddings(self.name), "normalized": lambda e: e.embeddings()}
+            features[role] = readers[options.probe_features](entry)
+            labels[role] = np.asarray(entry.array("target"), np.int64)
+        result = mieb_probe(features["train"], labels["train"], features["image"], labels["image"],
+                            samples_per_label=options.samples_per_label, n_experiments=options.n_experiments,
+                            seed=options.probe_seed, max_iter=options.probe_max_iter)
+        keys = sample_keys(prepared.data, positions)
+        parts = [Evidence(UNIT.format(i), {"sample_index": positions, "target": labels["image"],
+                                           "prediction": predicted, "correct1": predicted == labels["image"]}, keys)
+                 for i, predicted in enumerate(result.predictions)]
+        evidence = replace(parts[0], more=parts[1:])
+        return Scored(result.metrics, len(positions), seconds=time.perf_counter() - started, evidence=evidence)
