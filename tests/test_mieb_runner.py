@@ -197,7 +197,12 @@ def test_rescore_uses_the_cache_alone(copies, tmp_path):
     assert again.loads == 0 and "mteb_nmi" in scored.metrics
 
 
-def test_cli_writes_the_experiment_to_the_warehouse(copies, tmp_path):
+def test_cli_writes_the_experiment_to_the_warehouse(copies, tmp_path, monkeypatch):
+    import datasets.config
+
+    home = tmp_path / "home-cache"  # stands for ~/.cache/huggingface/datasets: nothing may be written there
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", home)
+
     def cli(*extra):
         return main(["eval", "--model", "tiny-shapes-clip", "--dataset", "mieb:CIFAR10ZeroShot", "--dataset_root",
                      str(copies["CIFAR10ZeroShot"]), "--orchestrator", "local", "--quiet", "--batch_size", str(BATCH),
@@ -217,6 +222,8 @@ def test_cli_writes_the_experiment_to_the_warehouse(copies, tmp_path):
     [again] = (tmp_path / "again" / "tiny-shapes-clip").glob("*.json")
     repeat = json.loads(again.read_text())
     assert repeat["metrics"] == saved["metrics"] and repeat["experiment_id"] == saved["experiment_id"]
+    assert not home.exists() and list((tmp_path / "cache").rglob("hf_datasets"))  # datasets' Arrow copy: --cache_dir
+    assert datasets.config.HF_DATASETS_CACHE == home  # set back after loading
 
 
 def test_mteb_metric_names_split_k_and_round_trip():

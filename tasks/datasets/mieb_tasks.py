@@ -10,7 +10,11 @@ download mteb/cifar10 --repo-type dataset --local-dir DIR``: Parquet files, and 
 
 from __future__ import annotations
 
+import atexit
 import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,9 +59,32 @@ def get_mteb_task(name: str) -> Any:
         raise DatasetError(f"Unknown MIEB task {name!r} (mieb:<mteb task name>).{' ' + hint if hint else ''}") from e
 
 
-def load_mieb(name: str, root: Path | None, split: str, language: str) -> MiebData:
+@contextmanager
+def datasets_cache(folder: Path | None) -> Iterator[None]:
+    """``datasets`` writes an Arrow copy of what ``load_dataset`` reads (the hub's files or a local snapshot) under
+    its cache folder, ``~/.cache/huggingface/datasets`` unless told otherwise: point it at ``folder`` (under the
+    run's ``--cache_dir``) while mteb loads, or at a temporary folder removed when the process exits."""
+    import datasets.config as config  # type: ignore[import-untyped]
+
+    if folder is None:
+        scratch = tempfile.TemporaryDirectory(prefix="clipcache-hf-datasets-")
+        atexit.register(scratch.cleanup)
+        folder = Path(scratch.name)
+    names = ("HF_DATASETS_CACHE", "DOWNLOADED_DATASETS_PATH", "EXTRACTED_DATASETS_PATH")
+    saved = {n: getattr(config, n) for n in names}
+    config.HF_DATASETS_CACHE = folder
+    config.DOWNLOADED_DATASETS_PATH = folder / "downloads"
+    config.EXTRACTED_DATASETS_PATH = folder / "downloads" / "extracted"
+    try:
+        yield
+    finally:
+        for n, value in saved.items():
+            setattr(config, n, value)
+
+
+def load_mieb(name: str, root: Path | None, split: str, language: str, hf_cache: Path | None = None) -> MiebData:
     """mteb's task ``name`` with the data of ``split`` (and of the hf subset ``language`` where the task has
-    several) loaded from ``root``, or from the hub without one."""
+    several) loaded from ``root``, or from the hub without one; ``datasets``' own cache in ``hf_cache``."""
     from clipcache.tasks.models.loader import library_version
 
     task = get_mteb_task(name)
@@ -76,7 +103,8 @@ def load_mieb(name: str, root: Path | None, split: str, language: str) -> MiebDa
             raise DatasetError(f"mieb:{name} has {len(subsets)} subsets ({shown}): choose one with --language")
         task.hf_subsets = [language]
     subset = task.hf_subsets[0]
-    _load(task, name, root, split)
+    with datasets_cache(hf_cache):
+        _load(task, name, root, split)
     identity = {"mteb_task": name, "dataset": dict(meta.dataset), "hf_subset": subset,
                 "mteb": library_version("mteb")}
     return MiebData(name, task, split, subset, identity, _count(task.dataset, split, subset),
@@ -107,7 +135,7 @@ def _load(task: Any, name: str, root: Path | None, split: str) -> None:
         if isinstance(task, AbsTaskRetrieval) or task.metadata.is_multilingual:
             raise DatasetError(f"mieb:{name}: a save_to_disk folder holds one dataset, and this task loads several "
                                f"(corpus, queries, qrels or subsets); use a snapshot of {dataset['path']}")
-        from datasets import Dataset, DatasetDict, load_from_disk  # type: ignore[import-untyped]
+        from datasets import Dataset, DatasetDict, load_from_disk
 
         try:
             loaded = load_from_disk(str(root))
@@ -170,5 +198,7 @@ class MiebSource(DatasetSource):
 
     def open(self, ref: DatasetRef, split: str, limit: int | None, options: OpenOptions) -> MiebData:
         name = task_name(ref.name)
+        cache = options.cache_dir
+        hf_cache = Path(cache) / "hf_datasets" if cache and "://" not in cache else None  # remote: a temporary one
         return load_mieb(name, format_root(ref.dataset_root, name) if ref.dataset_root else None, split,
-                         options.language)
+                         options.language, hf_cache)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from clipcache.storage.errors import ConfigError
@@ -103,8 +104,10 @@ class MiebTask(EvalTask):
         if source.limit is not None:
             raise ConfigError(f"mieb:{name}: --limit does not apply; mteb evaluates its task's whole split")
         root = format_root(source.root, name) if source.root else None
+        cache = source.data_dir  # datasets' Arrow copy under --cache_dir (a temporary folder when it is remote)
+        hf_cache = Path(cache) / "hf_datasets" if cache and "://" not in cache else None
         with progress.status(f"loading mieb:{name}"):
-            data = load_mieb(name, root, source.split, source.language)
+            data = load_mieb(name, root, source.split, source.language, hf_cache)
         return Prepared(data, data.n_samples, source, prompts_sha256=digest(data.identity), default_prompts=True)
 
     def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
