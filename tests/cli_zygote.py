@@ -10,8 +10,9 @@ to read nothing per run at import: clipcache itself, Prefect and everything that
 
 The zygote runs no Python thread besides its main one (checked at start-up): forking a process that runs threads can
 copy a lock held by a thread that does not exist in the child. (NumPy's OpenBLAS starts an idle native worker at
-import; OpenBLAS re-initialises its pool after a fork, as every ``multiprocessing`` fork of a NumPy process relies on.) Each request is one connection: the zygote forks a waiter, the
-waiter forks the CLI, reports its pid, waits for it and reports the exit status.
+import; OpenBLAS re-initialises its pool after a fork, as every ``multiprocessing`` fork of a NumPy process relies
+on.) Each request is one connection: the zygote forks a waiter, the waiter forks the CLI, reports its pid, waits for
+it and reports the exit status.
 
     zygote = Zygote()                       # ~8 s, once
     done = zygote.run(["eval", ...], cwd, env, timeout=300)   # a subprocess.CompletedProcess
