@@ -130,6 +130,18 @@ def test_a_missing_dataset_gives_a_labelled_partial_score_never_a_bare_number(tw
     assert "partial 0.7575" in output and "never_run" in output and "not comparable" in output
 
 
+def test_a_dataset_listed_in_a_second_language_counts_as_its_own_dataset(two_models, tmp_path):
+    """A suite may list one dataset in two languages (entries are unique by dataset, split and language): a model
+    with only the English result is partial in SQL as in Python, never a complete score over fewer datasets."""
+    path = _suite_file(tmp_path, "  - dataset: cls\n    language: jp\n    main_metric: acc1\n    chance: 0.1\n")
+    con = connect(two_models)
+    register(con, [path])
+    score = next(s for s in score_suite(con, load_suite(path), resamples=0) if s.model[0] == "model-a")
+    assert score.score is None and [(e.dataset, e.language) for e in score.missing] == [("cls", "jp")]
+    assert con.execute("SELECT score, complete, datasets_present, datasets FROM suite_scores WHERE suite = 'mine' "
+                       "AND model = 'model-a'").fetchone() == (None, False, 2, 3)
+
+
 @pytest.mark.parametrize("argv, phrase", [
     (["--suite", "no_such_suite"], "unknown suite"),
     (["--suite", "shapes", "--task", "linear_probe"], "task: a suite runs"),

@@ -32,7 +32,9 @@ HAVING count(*) = min(n_parts) AND count(DISTINCT experiment_id) = 1
 
 SUITE_SCORES = """
 CREATE OR REPLACE VIEW suite_scores AS
-WITH sizes AS (SELECT suite, count(DISTINCT dataset) AS n_datasets FROM suite_datasets GROUP BY suite),
+WITH sizes AS (  -- an entry is a (dataset, split, language): one dataset in two languages is two entries
+    SELECT suite, count(*) AS n_datasets FROM (SELECT DISTINCT suite, dataset, split, language FROM suite_datasets)
+    GROUP BY suite),
 agg AS (
     SELECT suite, model, pretrained, checkpoint, precision, count(*) AS n_present, avg(value) AS mean_present,
            avg((value - chance) / (1 - chance)) AS normalized_present, count(chance) AS n_with_chance
