@@ -277,3 +277,23 @@ def test_ctrl_c_stops_the_workers():
     for pid in workers:
         with pytest.raises(ProcessLookupError):  # exited and reaped by the interrupted process
             os.kill(pid, 0)
+
+
+def test_a_dataset_class_importable_only_after_the_pool_started_still_decodes(session, tmp_path, monkeypatch):
+    """The workers start once per process with the import path of that moment; a reader imported later (a plugin, a
+    folder added to sys.path since) is sent its path with the job, so the worker can unpickle it."""
+    pool = acquire_pool(2)  # started (or already running) before the module below exists anywhere on the path
+    release_pool(pool)
+    (tmp_path / "late_reader_module.py").write_text(
+        "from clipcache.tasks.datasets.shapes import ShapesDataset\n\n"
+        "class LateShapes(ShapesDataset):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from late_reader_module import LateShapes
+
+    dataset = LateShapes(**vars(load_shapes("late", "zeroshot_classification", "test", 20)))
+    indices = []
+    for batch in iter_image_batches(dataset, session.model.image_transform, 0, 8, 2, pool="processes",
+                                    portable=portable_transform(session.model)):
+        indices += batch.indices.tolist()
+    assert indices == list(range(20))
+    sys.modules.pop("late_reader_module", None)

@@ -115,7 +115,10 @@ class DecodePool:
                 os.ftruncate(fd, slots * slot_bytes)
                 memory = mmap.mmap(fd, slots * slot_bytes)
                 for worker in self.workers:
-                    self._send(worker, ("job", job, payload, shape, dtype.str, slots, rows), (fd,), dataset, None)
+                    # the parent's import path now (a plugin or reader imported since the pool started may have
+                    # added to it), so the worker can unpickle what the job names
+                    self._send(worker, ("job", job, payload, shape, dtype.str, slots, rows, list(sys.path)), (fd,),
+                               dataset, None)
             finally:
                 os.close(fd)
             ring = torch.from_numpy(np.ndarray((slots, rows, *shape), dtype=dtype, buffer=memory))

@@ -133,7 +133,8 @@ def main(fd: int) -> None:
                 _, job_id, *rest = message
                 try:
                     if kind == "job":
-                        payload, shape, dtype, slots, rows = rest
+                        payload, shape, dtype, slots, rows, path = rest
+                        sys.path.extend(p for p in path if p not in sys.path)
                         jobs[job_id] = _Job(payload, shape, dtype, slots, rows, fds[0])
                         continue
                     seq, slot, lo, hi = rest
