@@ -297,3 +297,22 @@ def test_a_dataset_class_importable_only_after_the_pool_started_still_decodes(se
         indices += batch.indices.tolist()
     assert indices == list(range(20))
     sys.modules.pop("late_reader_module", None)
+
+
+def test_a_dataset_class_no_worker_can_import_decodes_in_threads(session, monkeypatch):
+    """A reader defined in a notebook's ``__main__`` or a module built in memory (docs/extending.md's examples run so)
+    cannot be unpickled by a worker process: its images decode in threads instead of failing."""
+    import types
+
+    pool = acquire_pool(2)  # a running pool would otherwise be used for any size of dataset
+    release_pool(pool)
+    module = types.ModuleType("in_memory_reader")
+    exec("from clipcache.tasks.datasets.shapes import ShapesDataset\n\nclass MemoryShapes(ShapesDataset):\n    pass\n",
+         module.__dict__)
+    monkeypatch.setitem(sys.modules, "in_memory_reader", module)
+    dataset = module.MemoryShapes(**vars(load_shapes("memory", "zeroshot_classification", "test", 20)))
+    indices = []
+    for batch in iter_image_batches(dataset, session.model.image_transform, 0, 8, 2, pool="processes",
+                                    portable=portable_transform(session.model)):
+        indices += batch.indices.tolist()
+    assert indices == list(range(20))

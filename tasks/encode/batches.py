@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import sys
 from collections import deque
 from collections.abc import Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -165,11 +166,28 @@ def choose_pool(requested: DecodePoolKind, images: int, workers: int) -> Literal
     return "threads"
 
 
+def _unimportable(*objects: Any) -> str | None:
+    """The first module defining the objects' classes (or their bases) that a fresh interpreter cannot import: a
+    script's or notebook's ``__main__``, or a module built in memory (no spec). Pickle names classes by module, so
+    a dataset class from there would not unpickle in a worker."""
+    for obj in objects:
+        for cls in type(obj).__mro__:
+            module = sys.modules.get(cls.__module__)
+            if cls.__module__ == "__main__" or module is None or getattr(module, "__spec__", None) is None:
+                if cls.__module__ != "builtins":
+                    return cls.__module__
+    return None
+
+
 def _process_job(dataset: EvalDataset, portable: Any,
                  ranges: list[tuple[int, int]]) -> tuple[bytes | None, tuple[tuple[int, ...], np.dtype] | None]:
     """(the pickled dataset and transform, the shape and dtype of one transformed image), or (None, None) when
     they cannot go to a process. The shape comes from the first image that decodes, here."""
     if portable is None:
+        return None, None
+    if (where := _unimportable(dataset, portable)) is not None:
+        log.info("decoding in threads: %s is defined in %s, which a worker process cannot import",
+                 type(dataset).__name__, where)
         return None, None
     try:
         payload = pickle.dumps((dataset, portable), protocol=pickle.HIGHEST_PROTOCOL)
