@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from abc import abstractmethod
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -135,11 +136,13 @@ class _MtebEncoder(AbsEncoder):
                 texts.extend(str(t) for t in batch["text"])
             yield batch
 
+    @abstractmethod
     def _image_vectors(self, batches: Iterable[list[Image.Image]], n: int, task: str) -> np.ndarray:
-        raise NotImplementedError
+        """The images' vectors, in order (the uncached encoder encodes them, the cached one reads or adds them)."""
 
+    @abstractmethod
     def _text_vectors(self, texts: list[str], task: str) -> np.ndarray:
-        raise NotImplementedError
+        """The texts' vectors, in order."""
 
 
 class UncachedMtebEncoder(_MtebEncoder):

@@ -99,3 +99,19 @@ def encode_images_and_captions(session: Any, prepared: Any, store: Any, memo: An
     images = sharded.get("image") or encode_images(session, dataset, store, image_fields, settings, progress)
     captions = sharded.get("caption") or encode_captions(session, dataset, store, caption_fields, settings, progress)
     return Encoded({"image": images, "caption": captions}, seconds=time.perf_counter() - started)
+
+
+def encode_test_and_train(session: Any, prepared: Any, store: Any, memo: Any, settings: EncodeSettings,
+                          progress: StageProgress, *, task: str, train_split: str,
+                          sharded: dict[str, Any] | None = None) -> Encoded:
+    """The images of the test split (role ``image``) and of ``train_split`` (role ``train``), each through the cache:
+    what the tasks that fit on cached train features (kNN, MIEB's probe) read."""
+    import time
+    from dataclasses import replace
+
+    started = time.perf_counter()
+    train = open_single_label(task, replace(prepared.source, split=train_split), progress)
+    outcomes = {role: encode_split_images(session, dataset, store, memo, settings, progress,
+                                          limit=prepared.source.limit, sharded=(sharded or {}).get(role))
+                for role, dataset in (("image", prepared.data), ("train", train))}
+    return Encoded(outcomes, seconds=time.perf_counter() - started)

@@ -7,7 +7,6 @@ is a sample row (unit ``image``: target, prediction, correct1), from which both 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, PositiveInt
@@ -23,7 +22,7 @@ from clipcache.tasks.evaluation.base import (
     Scored,
     ScoreSettings,
 )
-from clipcache.tasks.evaluation.common import encode_split_images, open_single_label, sample_keys
+from clipcache.tasks.evaluation.common import encode_test_and_train, open_single_label, sample_keys
 from clipcache.tasks.evaluation.linear_probe import LinearProbe
 
 _TRAIN_SPLIT = LinearProbe.Options.model_fields["train_split"]  # one default and help, shared with linear_probe
@@ -59,13 +58,9 @@ class KnnClassification(EvalTask):
     def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
                settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
-        started = time.perf_counter()
-        options = self.Options.of(settings)
-        train = open_single_label(self.name, replace(prepared.source, split=options.train_split), progress)
-        outcomes = {role: encode_split_images(session, dataset, store, memo, settings, progress,
-                                              limit=prepared.source.limit, sharded=(sharded or {}).get(role))
-                    for role, dataset in (("image", prepared.data), ("train", train))}
-        return Encoded(outcomes, seconds=time.perf_counter() - started)
+        return encode_test_and_train(session, prepared, store, memo, settings, progress,
+                                     task=self.name, train_split=self.Options.of(settings).train_split,
+                                     sharded=sharded)
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         import numpy as np
