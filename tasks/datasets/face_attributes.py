@@ -7,6 +7,10 @@ and ``wds_fairness-utkface_test``): ``classnames.txt`` lines are ``objective:cla
 ``zeroshot_classification_templates.txt`` lines ``objective:template``; each sample holds an image and
 ``<key>.npy``, the metadata vector (a ``.cls`` member, if any, is not read: DataComp does not read it either). The
 metadata is read as data: a non-object ``.npy`` only, an object array (a pickle) is refused in one line.
+
+Or from the original releases (FairFace's ``fairface_label_val.csv`` and images, UTKFace's ``[age]_[gender]_[race]_
+[date&time].jpg`` files), coded as DataComp's copy is by tasks/datasets/group_originals.py, with DataComp's
+``objective:`` prompts in the root: :class:`FaceAttributesImages`. Both kinds are a :class:`FaceAttributesDataset`.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets.base import ClassPrompts
-from clipcache.tasks.datasets.group_layouts import GroupedWebDataset, _check_codes, group_layouts
-from clipcache.tasks.datasets.wds import WebDataset, _index_shard, _read_prompts
+from clipcache.tasks.datasets.group_layouts import GroupedImages, GroupedWebDataset, _check_codes, group_layouts
+from clipcache.tasks.datasets.wds import WebDataset, index_shard, read_prompts
 
 
 @dataclass(frozen=True)
@@ -56,11 +60,13 @@ def split_heads(prompts: ClassPrompts, objectives: list[str], dataset: str) -> l
     return [Head(o, names[o], templates[o]) for o in objectives]
 
 
-@dataclass
-class FaceAttributesDataset(GroupedWebDataset):
-    """DataComp's copy of FairFace / UTKFace: images, ``objective:`` prompts and each sample's metadata vector."""
+class FaceAttributesDataset:
+    """FairFace / UTKFace in any layout: images, ``objective:`` prompts and each sample's metadata vector (the
+    evaluation's face_attributes task reads any dataset of this kind)."""
 
-    objectives: tuple[str, ...] = field(default_factory=tuple)
+    name: str
+    prompts: ClassPrompts | None
+    objectives: tuple[str, ...]
 
     def heads(self, prompts: ClassPrompts | None = None) -> list[Head]:
         chosen = prompts if prompts is not None else self.prompts
@@ -69,7 +75,21 @@ class FaceAttributesDataset(GroupedWebDataset):
         return split_heads(chosen, list(self.objectives), self.name)
 
 
-def load_face_attributes(name: str, root: Path, split: str, limit: int | None) -> FaceAttributesDataset:
+@dataclass
+class FaceAttributesWebDataset(FaceAttributesDataset, GroupedWebDataset):
+    """DataComp's webdataset copy of FairFace / UTKFace."""
+
+    objectives: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass
+class FaceAttributesImages(FaceAttributesDataset, GroupedImages):
+    """FairFace / UTKFace in their original layouts (image files; tasks/datasets/group_originals.py)."""
+
+    objectives: tuple[str, ...] = field(default_factory=tuple)
+
+
+def load_face_attributes(name: str, root: Path, split: str, limit: int | None) -> FaceAttributesWebDataset:
     """DataComp's webdataset copy of FairFace / UTKFace under ``root``."""
     entry = group_layouts()[name]
     fields = tuple(entry["fields"])
@@ -87,7 +107,7 @@ def load_face_attributes(name: str, root: Path, split: str, limit: int | None) -
         if not shard.exists():
             raise DatasetError(f"dataset {name!r}: shard {shard} is missing ({nshards_path} says {nshards} shards)")
         # the metadata vector is the member indexed as the label: read by read_npy (object arrays refused)
-        _index_shard(base, shard_id, shard, "npy", labels=vectors, captions=[], limit=limit)
+        index_shard(base, shard_id, shard, "npy", labels=vectors, captions=[], limit=limit)
     if not base.members:
         raise DatasetError(f"dataset {name!r}: {root / split} has no samples")
     bad = next((i for i, v in enumerate(vectors) if len(v) != len(fields)), None)
@@ -95,8 +115,8 @@ def load_face_attributes(name: str, root: Path, split: str, limit: int | None) -
         raise DatasetError(f"dataset {name!r}: {base.describe(bad)} has {len(vectors[bad])} metadata values, "
                            f"{name} has {len(fields)} ({', '.join(fields)})")
     codes = _check_codes(np.vstack(vectors).astype(np.float64), fields, str(root / split))
-    base.prompts = _read_prompts(root, name)
+    base.prompts = read_prompts(root, name)
     state = {k: v for k, v in base.__dict__.items() if k != "_handles"}
-    ds = FaceAttributesDataset(**state, fields=fields, codes=codes, objectives=tuple(entry["heads"]))
+    ds = FaceAttributesWebDataset(**state, fields=fields, codes=codes, objectives=tuple(entry["heads"]))
     ds.heads()  # the prompts name every objective: checked before anything is encoded
     return ds

@@ -15,6 +15,12 @@ Layouts read, under ``--dataset_root`` (a folder, or a template such as ``/data/
   Camelyon17 ``camelyon17_v1.0/metadata.csv``): the CSV read as text, the fields of DataComp's vector made from
   its columns. WILDS has no prompts: ``classnames.txt`` and ``zeroshot_classification_templates.txt`` (DataComp's,
   from its copy) must sit in the root.
+- The original published layouts of FMoW (WILDS' ``fmow_v1.1/``), GeoDE (``index.csv``), Dollar Street (MLCommons'
+  ``images_v2_imagenet_test.csv``), FairFace (``fairface_label_val.csv``) and UTKFace (``UTKFace/<age>_<gender>_
+  <race>_<time>.jpg``), read by tasks/datasets/group_originals.py under the rules of group_layouts.json's
+  ``original`` entries, into the codes (and class indices) of DataComp's copy; prompts as for the WILDS folders.
+
+The first layout found under the root is read, in the order above (DataComp's copy, WILDS' CSV, the original).
 """
 
 from __future__ import annotations
@@ -34,10 +40,11 @@ import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.sample_metadata import SampleMetadata
+from clipcache.tasks.datasets.group_originals import original_folder, read_original
 from clipcache.tasks.datasets.labelled import LabelledImages
 from clipcache.tasks.datasets.safe_pickle import DatasetUnpickler, RefusedGlobal
 from clipcache.tasks.datasets.source import DatasetRef, DatasetSource, OpenOptions
-from clipcache.tasks.datasets.wds import WebDataset, _read_prompts, load_webdataset, read_npy, split_key
+from clipcache.tasks.datasets.wds import WebDataset, load_webdataset, read_npy, read_prompts, split_key
 
 if TYPE_CHECKING:
     from clipcache.tasks.datasets.base import EvalDataset
@@ -200,11 +207,40 @@ def load_wilds_folder(name: str, root: Path, split: str, limit: int | None) -> G
                            f"({spec['split_column']} = {wanted})")
     ds.labels = np.asarray(labels, dtype=np.int64)
     ds.codes = _check_codes(np.asarray(rows, dtype=np.float64), fields, str(csv_path))
-    ds.prompts = _read_prompts(root, name)
+    ds.prompts = read_prompts(root, name)
     missing = next((p for p in ds.image_paths if not p.is_file()), None)
     if missing is not None:
         raise DatasetError(f"dataset {name!r}: {missing} is missing (named by {csv_path})")
     return ds
+
+
+def load_original(name: str, root: Path, folder: Path, split: str, limit: int | None) -> GroupedImages:
+    """``name`` in its original published layout under ``folder`` (group_layouts.json's ``original`` entry), with
+    DataComp's prompts from ``root``; FairFace and UTKFace come back with their four heads."""
+    entry = group_layouts()[name]
+    spec = entry["original"]
+    fields = tuple(entry["fields"])
+    prompts = read_prompts(root, name)
+    try:
+        rows = read_original(spec, fields, folder, split, limit, None if "heads" in entry else prompts)
+    except DatasetError as e:
+        raise DatasetError(f"dataset {name!r}: {e}") from e
+    state: dict[str, Any] = {"name": name, "split": split, "task": "zeroshot_classification", "root": folder,
+                             "image_paths": rows.images, "origins": rows.origins, "prompts": prompts,
+                             "fields": fields, "layout": spec["layout"],
+                             "codes": _check_codes(np.asarray(rows.codes, np.float64), fields, str(folder))}
+    if "heads" in entry:  # FairFace, UTKFace: no class, four zero-shot heads
+        from clipcache.tasks.datasets.face_attributes import FaceAttributesImages
+
+        faces = FaceAttributesImages(**state, objectives=tuple(entry["heads"]))
+        faces.heads()  # the prompts name every objective: checked before anything is encoded
+        return faces
+    labels = np.asarray(rows.labels, dtype=np.int64)
+    bad = np.flatnonzero(labels >= len(prompts.classnames))
+    if len(bad):
+        raise DatasetError(f"dataset {name!r}: {rows.origins[bad[0]]} has class {int(labels[bad[0]])}, outside "
+                           f"the {len(prompts.classnames)} classes of {root / 'classnames.txt'}")
+    return GroupedImages(**state, labels=labels)
 
 
 def _where(name: str) -> str:
@@ -212,13 +248,18 @@ def _where(name: str) -> str:
     places = [f"DataComp's webdataset copy ({entry['datacomp_folder']}: <split>/nshards.txt)"]
     if "wilds" in entry:
         places.append(f"the WILDS folder {entry['wilds']['folder']}/{entry['wilds']['csv']}")
+    if "original" in entry:
+        spec = entry["original"]
+        held = spec["files"]["glob"] if "files" in spec else spec.get("table") or spec["tables"]["test"]
+        places.append(f"the original layout ({' or '.join(f'{f}/{held}' for f in spec['folder'])})")
     return " or ".join(places)
 
 
 class GroupLayouts(DatasetSource):
     name = "group_layouts"
     description = ("DataComp's WILDS and fairness sets with per-sample metadata (wilds/iwildcam, fairness/geode, "
-                   "fairness/fairface, ...): its webdataset copies or WILDS' folders under --dataset_root")
+                   "fairness/fairface, ...): its webdataset copies, WILDS' folders or the original releases under "
+                   "--dataset_root")
     priority = 25
 
     def claims(self, ref: DatasetRef) -> bool:
@@ -238,6 +279,10 @@ class GroupLayouts(DatasetSource):
         wilds = group_layouts()[ref.name].get("wilds")
         if wilds is not None and (root / wilds["folder"] / wilds["csv"]).is_file():
             return load_wilds_folder(ref.name, root, split, limit)
+        original = group_layouts()[ref.name].get("original")
+        folder = original_folder(original, root) if original is not None else None
+        if folder is not None:
+            return load_original(ref.name, root, folder, split, limit)
         raise DatasetError(f"dataset {ref.name!r}: {root} holds neither {_where(ref.name)} for split {split!r}")
 
     def known_names(self) -> list[str]:

@@ -152,20 +152,23 @@ def load_webdataset(name: str, root: Path, split: str, limit: int | None) -> Web
             break
         if not shard.exists():
             raise DatasetError(f"dataset {name!r}: shard {shard} is missing ({nshards_path} says {nshards} shards)")
-        _index_shard(ds, shard_id, shard, label_ext, labels=labels, captions=captions, limit=limit)
+        index_shard(ds, shard_id, shard, label_ext, labels=labels, captions=captions, limit=limit)
     if not ds.members:
         raise DatasetError(f"dataset {name!r}: {root / split} has no samples")
     if kind == "retrieval":
         ds.captions = captions
     else:
         ds.labels = np.stack(labels).astype(np.uint8) if kind == "multilabel" else np.asarray(labels, dtype=np.int64)
-        ds.prompts = _read_prompts(root, name)
+        ds.prompts = read_prompts(root, name)
         _check_labels(ds, name)
     return ds
 
 
-def _index_shard(ds: WebDataset, shard_id: int, shard: Path, label_ext: str, *, labels: list, captions: list,
+def index_shard(ds: WebDataset, shard_id: int, shard: Path, label_ext: str, *, labels: list, captions: list,
                  limit: int | None) -> None:
+    """Index one shard into ``ds.members`` (its image members, in tar order, up to ``limit`` samples in all) and
+    append each sample's ``<key>.<label_ext>`` member, parsed, to ``labels`` (``cls``: an int; any other extension:
+    a numeric ``.npy`` array via :func:`read_npy`) or to ``captions`` (``txt``: one caption per line)."""
     samples: dict[str, dict[str, Any]] = {}
     order: list[str] = []
     try:
@@ -224,7 +227,9 @@ def read_npy(raw: bytes, where: str) -> np.ndarray:
         raise DatasetError(f"{where}: not a .npy multi-hot vector ({e})") from e
 
 
-def _read_prompts(root: Path, name: str) -> ClassPrompts:
+def read_prompts(root: Path, name: str) -> ClassPrompts:
+    """``root``'s classnames.txt and zeroshot_classification_templates.txt (each template with ``{c}``); a missing
+    file, an empty one or a bad template is a DatasetError naming the file."""
     classnames_path = root / "classnames.txt"
     templates_path = root / "zeroshot_classification_templates.txt"
     for path in (classnames_path, templates_path):

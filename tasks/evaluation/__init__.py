@@ -61,11 +61,15 @@ def tasks_served(role: str, dataset_format: str, arrays: tuple[str, ...]) -> lis
 
 
 def dbt_vars() -> dict[str, Any]:
-    """What the dbt project needs to know about the tasks: their names and their main metrics."""
+    """What the dbt project needs to know about the tasks: their names and their main metrics (and the group
+    metrics' definitions, from which the group marts are built)."""
+    from clipcache.tasks.suites import groups
+
     tasks = [(name, get_task(name)) for name in TASKS.names()]
     return {"tasks": [name for name, _ in tasks],
             "main_metrics": [{"task": name, "metric": m, "k": k, "label": label, "priority": priority}
-                             for name, task in tasks for m, k, label, priority in task.main_metrics]}
+                             for name, task in tasks for m, k, label, priority in task.main_metrics],
+            **groups.dbt_vars()}
 
 
 def evaluate_one(task: str, session: Any, source: DataSource, store: EmbeddingStore, memo: FileHashMemo, *,

@@ -24,6 +24,7 @@ from clipcache.tasks.evaluation.common import class_prompts, encode_split_images
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.datasets.base import EvalDataset
     from clipcache.tasks.progress import StageProgress
 
 
@@ -40,7 +41,8 @@ class FaceAttributes(EvalTask):
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
         from clipcache.tasks.datasets.face_attributes import FaceAttributesDataset
 
-        dataset = source.open(progress)
+        # an evaluation dataset that is also a FaceAttributesDataset (both layouts are)
+        dataset: EvalDataset = source.open(progress)
         if not isinstance(dataset, FaceAttributesDataset):
             raise DatasetError(f"task {self.name!r} does not fit dataset {source.name!r}: it evaluates DataComp's "
                                f"fairness/fairface and fairness/utkface (use --task auto)")
@@ -70,7 +72,7 @@ class FaceAttributes(EvalTask):
         from clipcache.storage.sample_metadata import LINK_UNIT
         from clipcache.tasks.score.evidence import Evidence
         from clipcache.tasks.score.face_attributes import HeadShape, head_predictions
-        from clipcache.tasks.suites.face_attributes import UNIT_PREFIX, face_metrics
+        from clipcache.tasks.suites.face_attributes import UNIT_PREFIX, face_intervals, face_metrics
 
         started = time.perf_counter()
         heads = [HeadShape(o, c, t) for o, c, t in encoded.info["heads"]]
@@ -83,5 +85,8 @@ class FaceAttributes(EvalTask):
                                                           "prediction": predictions[h.objective]}, keys)
                  for h in heads]
         parts.append(Evidence(LINK_UNIT, {"sample_index": np.zeros(1, np.int64)}, [metadata.dataset_id]))
-        evidence = Evidence(parts[0].unit, parts[0].columns, keys, more=parts[1:], metadata=metadata)
+        # every metric's 95% interval: index resamples of the faces, all heads on the same resamples
+        intervals = face_intervals(prepared.data.name, positions, predictions, metadata,
+                                   resamples=settings.bootstrap)
+        evidence = Evidence(parts[0].unit, parts[0].columns, keys, intervals, more=parts[1:], metadata=metadata)
         return Scored(metrics, len(positions), seconds=time.perf_counter() - started, evidence=evidence)

@@ -73,6 +73,6 @@ class ZeroShotClassification(EvalTask):
                 from clipcache.tasks.suites import groups
 
                 metrics = groups.attach(evidence, metrics, prepared.data.name, prepared.data.sample_metadata(),
-                                        samples)
+                                        samples, resamples=settings.bootstrap)
         return Scored(metrics, n, seconds=time.perf_counter() - started, evidence=evidence)
 

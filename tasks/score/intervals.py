@@ -122,6 +122,93 @@ def class_recall_statistic(targets: np.ndarray, correct: np.ndarray, n_classes: 
     return ClassRecallStatistic(targets, correct, n_classes)
 
 
+class GroupMeanStatistic:
+    """Per-group means of per-unit values (DataComp's group metrics: a group's accuracy, a face head's outcome rate
+    in a group) on index resamples of all the units, and their minimum over the groups present in the resample
+    (``acc_wg``, ``acc_worst_region``, ``acc_top5_wg``, ``<metric>_wg``).
+
+    The units are resampled as every other interval here resamples them: n indices drawn with replacement from
+    all n units, not within each group. The groups' sizes then vary from resample to resample as they would in
+    another test set drawn from the same population, and a group may be missing from a resample: it is left out
+    of that resample's minimum, as WILDS leaves out groups without samples (its ``worst`` over ``group_counts >
+    0``), and its own mean is NaN there (:func:`percentile_interval` drops NaN draws). Resampling within groups
+    would hold the sizes fixed and leave out that part of the variance; and one index matrix for all statistics
+    of a dataset keeps them paired with each other and with another model's over the same samples (the suites'
+    paired bootstrap), which stratifying by one grouping would not.
+
+    Called on an index matrix: the minimum (the worst group). :meth:`table`: every group's mean."""
+
+    def __init__(self, values: np.ndarray, codes: np.ndarray):
+        self.values = np.asarray(values, dtype=np.float64)
+        self.groups, inverse = np.unique(np.asarray(codes), axis=0, return_inverse=True)
+        self.codes = inverse.reshape(-1).astype(np.int64)  # dense 0..G-1, in the order of ``groups``
+
+    def table(self, idx: np.ndarray) -> np.ndarray:
+        """(resamples, groups): each group's mean on each resample, NaN where the resample has none of it."""
+        b, g = len(idx), len(self.groups)
+        cells = (self.codes[idx] + g * np.arange(b)[:, None]).ravel()
+        totals = np.bincount(cells, minlength=b * g).reshape(b, g)
+        sums = np.bincount(cells, weights=self.values[idx].ravel(), minlength=b * g).reshape(b, g)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(totals > 0, sums / np.maximum(totals, 1), np.nan)
+
+    def __call__(self, idx: np.ndarray) -> np.ndarray:
+        return worst_of(self.table(idx))
+
+
+def worst_of(table: np.ndarray) -> np.ndarray:
+    """Each row's minimum over its non-NaN cells (NaN for a row without any)."""
+    present = ~np.isnan(table)
+    lowest = np.where(present, table, np.inf).min(axis=1)
+    return np.where(present.any(axis=1), lowest, np.nan)
+
+
+def worst_group_statistic(values: np.ndarray, codes: np.ndarray) -> GroupMeanStatistic:
+    """The lowest per-group mean of ``values`` over the groups present in each resample. ``codes``: one group code
+    per unit, or one row of codes per unit (a group is a combination of several fields' codes)."""
+    return GroupMeanStatistic(values, codes)
+
+
+class MacroF1Statistic:
+    """WILDS' ``F1-macro_all`` (sklearn's macro F1 over the classes present in the targets) of each resample: the
+    mean over the classes with a target in the resample of 2 tp / (predicted + support), a prediction of a class
+    absent from the resample's targets counting only as a miss of its own target."""
+
+    def __init__(self, targets: np.ndarray, predictions: np.ndarray):
+        labels, inverse = np.unique(np.concatenate([np.asarray(targets, np.int64), np.asarray(predictions, np.int64)]),
+                                    return_inverse=True)
+        n = len(targets)
+        self.n_labels = len(labels)
+        self.targets, self.predictions = inverse[:n].astype(np.int64), inverse[n:].astype(np.int64)
+        self.right = (self.targets == self.predictions).astype(np.float64)
+
+    def __call__(self, idx: np.ndarray) -> np.ndarray:
+        b, c = len(idx), self.n_labels
+        offset = c * np.arange(b)[:, None]
+        size = b * c
+        target_cells = (self.targets[idx] + offset).ravel()
+        support = np.bincount(target_cells, minlength=size).reshape(b, c)
+        predicted = np.bincount((self.predictions[idx] + offset).ravel(), minlength=size).reshape(b, c)
+        tp = np.bincount(target_cells, weights=self.right[idx].ravel(), minlength=size).reshape(b, c)
+        present = support > 0
+        f1 = np.where(present, 2.0 * tp / np.maximum(predicted + support, 1), 0.0)
+        return np.asarray(f1.sum(axis=1) / present.sum(axis=1))
+
+
+def macro_f1_statistic(targets: np.ndarray, predictions: np.ndarray) -> MacroF1Statistic:
+    return MacroF1Statistic(targets, predictions)
+
+
+def column_draws(columns: Callable[[np.ndarray], np.ndarray], n: int, *, resamples: int = DEFAULT_RESAMPLES,
+                 seed: int = 0) -> np.ndarray:
+    """(resamples, m): ``columns`` (an index matrix -> (resamples, m) values) on the seeded index resamples of
+    :func:`paired_draws`; column j is what a statistic computing column j alone would draw with the same seed, so
+    several statistics of one index draw (a face metric's mean, its groups and its worst group) cost one draw."""
+    if n == 0 or resamples <= 0:
+        return np.empty((0, 0))
+    return np.concatenate([columns(idx) for idx in _blocks(n, resamples, seed)])
+
+
 def interval(statistic: Statistic, n: int, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
              level: float = 0.95) -> tuple[float | None, float | None]:
     """A seeded percentile-bootstrap interval; (None, None) when there is nothing to resample."""

@@ -17,7 +17,8 @@ toxicity rates too). A group without samples has no row (DataComp writes NaN for
 which are the ``n`` of the view here).
 
 The evaluation's per-sample rows are of unit ``face_<objective>`` (``face_race``, ``face_gender``, ``face_age``,
-``face_toxic``): the sample and its head's argmax in ``prediction``. Views (added by :func:`register`):
+``face_toxic``): the sample and its head's argmax in ``prediction``. Each metric row carries a 95% bootstrap
+interval over index resamples of the faces (:func:`face_intervals`). Views (added by :func:`register`):
 
 - ``face_definitions``: (dataset, metric, head, rule, class_code, low, high, truth, by1, by2);
 - ``face_outcomes``: per (experiment, metric, sample): the head's prediction, the outcome and the group codes;
@@ -31,6 +32,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from clipcache.tasks.score.intervals import DEFAULT_RESAMPLES
 
 if TYPE_CHECKING:
     from clipcache.storage.sample_metadata import SampleMetadata
@@ -71,6 +74,14 @@ def group_name(by: list[str], codes: tuple[int, ...]) -> str:
     return "_".join(f"{f}:{c}" for f, c in reversed(list(zip(by, codes, strict=True))))
 
 
+def _outcomes(spec: dict[str, Any], positions: np.ndarray, predictions: dict[str, np.ndarray],
+              metadata: SampleMetadata) -> tuple[np.ndarray, np.ndarray]:
+    """(each sample's outcome under ``spec``, its group key: one code per ``by`` field)."""
+    truth = metadata.codes[spec["truth"]][positions] if spec.get("truth") else None
+    values = outcome(spec, predictions[spec["head"]], truth)
+    return values, np.stack([metadata.codes[f][positions] for f in spec["by"]], axis=1)
+
+
 def face_metrics(dataset: str, positions: np.ndarray, predictions: dict[str, np.ndarray],
                  metadata: SampleMetadata) -> dict[str, float]:
     """DataComp's FairFace / UTKFace metrics from each head's predictions for the samples at ``positions``."""
@@ -79,10 +90,8 @@ def face_metrics(dataset: str, positions: np.ndarray, predictions: dict[str, np.
     if not len(positions):
         return out
     for spec in head_metrics(dataset):
-        truth = metadata.codes[spec["truth"]][positions] if spec.get("truth") else None
-        values = outcome(spec, predictions[spec["head"]], truth)
+        values, keys = _outcomes(spec, positions, predictions, metadata)
         out[f"{spec['metric']}_avg"] = float(values.mean())
-        keys = np.stack([metadata.codes[f][positions] for f in spec["by"]], axis=1)
         per_group = {}
         for key in np.unique(keys, axis=0):
             mask = (keys == key).all(axis=1)
@@ -90,6 +99,46 @@ def face_metrics(dataset: str, positions: np.ndarray, predictions: dict[str, np.
         out.update({f"{spec['metric']}_{g}": v for g, v in per_group.items()})
         out[f"{spec['metric']}_wg"] = min(per_group.values())
     return out
+
+
+def face_draws(dataset: str, positions: np.ndarray, predictions: dict[str, np.ndarray], metadata: SampleMetadata,
+               *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> dict[str, np.ndarray]:
+    """metric -> its value on each of ``resamples`` seeded index resamples of the faces (every name
+    :func:`face_metrics` gives): ``_avg`` the mean outcome of the resample, ``<metric>_<group>`` the group's mean
+    (NaN in a resample without the group), ``_wg`` the lowest of those present (tasks/score/intervals.py
+    ``GroupMeanStatistic``: why the faces are resampled together, not within groups). Every metric sees the same
+    resamples (one seed), so a metric's draws are those a statistic of it alone would take."""
+    from clipcache.tasks.score.intervals import column_draws, worst_group_statistic, worst_of
+
+    positions = np.asarray(positions, np.int64)
+    out: dict[str, np.ndarray] = {}
+    n = len(positions)
+    if not n or resamples <= 0:
+        return out
+    for spec in head_metrics(dataset):
+        values, keys = _outcomes(spec, positions, predictions, metadata)
+        groups = worst_group_statistic(values, keys)
+
+        def columns(idx: np.ndarray, values: np.ndarray = values, groups: Any = groups) -> np.ndarray:
+            table = groups.table(idx)
+            return np.column_stack([values[idx].mean(axis=1), table, worst_of(table)])
+
+        drawn = column_draws(columns, n, resamples=resamples, seed=seed)
+        names = [group_name(spec["by"], tuple(int(k) for k in key)) for key in groups.groups]
+        out[f"{spec['metric']}_avg"] = drawn[:, 0]
+        out.update({f"{spec['metric']}_{g}": drawn[:, 1 + j] for j, g in enumerate(names)})
+        out[f"{spec['metric']}_wg"] = drawn[:, -1]
+    return out
+
+
+def face_intervals(dataset: str, positions: np.ndarray, predictions: dict[str, np.ndarray],
+                   metadata: SampleMetadata, *, resamples: int = DEFAULT_RESAMPLES,
+                   seed: int = 0) -> dict[str, tuple[float | None, float | None]]:
+    """The 95% percentile-bootstrap interval of every face metric (:func:`face_draws`)."""
+    from clipcache.tasks.score.intervals import percentile_interval
+
+    return {metric: percentile_interval(drawn) for metric, drawn in
+            face_draws(dataset, positions, predictions, metadata, resamples=resamples, seed=seed).items()}
 
 
 FACE_OUTCOMES = """

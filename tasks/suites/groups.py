@@ -16,7 +16,10 @@ metric names; which field each dataset is grouped by is data (tasks/datasets/gro
 
 The evaluation computes the same numbers from the same samples with NumPy (:func:`group_metrics`) and stores them
 as ordinary metric rows, so the JSON, the leaderboard and the suites have them; tests/test_group_metrics.py checks
-that the two agree.
+that the two agree. Each row carries a 95% percentile-bootstrap interval (:func:`group_statistics`: the metric
+recomputed on index resamples of the images, tasks/score/intervals.py ``GroupMeanStatistic`` and
+``MacroF1Statistic``), and ``clipcache suite score`` resamples the same statistics from the warehouse's sample rows
+and metadata (tasks/suites/scoring.py); tests/test_group_intervals.py checks both against a brute-force loop.
 
 Views (added by :func:`register`, which tasks/suites/sql.py calls for ``clipcache query`` and ``clipcache.connect``):
 
@@ -36,11 +39,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from clipcache.tasks.score.intervals import DEFAULT_RESAMPLES
 from clipcache.tasks.suites import face_attributes
 
 if TYPE_CHECKING:
     from clipcache.storage.sample_metadata import SampleMetadata
     from clipcache.tasks.score.evidence import Evidence
+    from clipcache.tasks.score.intervals import Statistic
 
 STATISTICS = ("worst_acc1", "worst_acc5", "macro_f1")
 
@@ -51,6 +56,23 @@ def definitions() -> list[tuple[str, str, str, str | None]]:
 
     return [(name, m["metric"], m["statistic"], m.get("field"))
             for name, entry in sorted(group_layouts().items()) for m in entry["metrics"]]
+
+
+def dbt_vars() -> dict[str, Any]:
+    """The dbt vars ``group_definitions`` and ``face_definitions`` (dbt_reports/macros/group_definitions.sql): the
+    rows of the ``group_definitions`` and ``face_definitions`` tables, from which the group marts are built."""
+    faces = ("dataset", "metric", "head", "rule", "class_code", "low", "high", "truth", "by1", "by2")
+    return {"group_definitions": [dict(zip(("dataset", "metric", "statistic", "field"), row, strict=True))
+                                  for row in definitions()],
+            "face_definitions": [dict(zip(faces, row, strict=True)) for row in face_attributes.definitions()]}
+
+
+def definition(dataset: str, metric: str) -> tuple[str, str | None] | None:
+    """(statistic, field) of ``dataset``'s group metric ``metric``; None when it is not one."""
+    for name, found, statistic, by in definitions():
+        if name == dataset and found == metric:
+            return statistic, by
+    return None
 
 
 def macro_f1(target: np.ndarray, prediction: np.ndarray) -> float:
@@ -99,15 +121,52 @@ def group_metrics(dataset: str, samples: dict[str, np.ndarray], metadata: Sample
     return out
 
 
+def statistic(kind: str, samples: dict[str, np.ndarray], codes: np.ndarray | None) -> Statistic | None:
+    """The bootstrap statistic of a group metric of ``kind`` (``worst_acc1``, ``worst_acc5``, ``macro_f1``) over
+    the image samples (``target``, ``prediction``, ``correct1``, ``correct5``) with each sample's group ``codes``:
+    on the identity index it is the metric (:func:`group_metrics`); None when the metric is not defined (top-5
+    with fewer than 5 classes, no samples)."""
+    from clipcache.tasks.score.intervals import macro_f1_statistic, worst_group_statistic
+
+    if kind == "macro_f1":
+        return macro_f1_statistic(samples["target"], samples["prediction"]) if len(samples["target"]) else None
+    column = "correct1" if kind == "worst_acc1" else "correct5"
+    if column not in samples or codes is None or not len(codes):
+        return None
+    return worst_group_statistic(np.asarray(samples[column], np.float64), codes)
+
+
+def group_statistics(dataset: str, samples: dict[str, np.ndarray],
+                     metadata: SampleMetadata) -> dict[str, Statistic]:
+    """metric -> its bootstrap statistic over index resamples of the samples, for each group metric
+    :func:`group_metrics` gives (the same samples, the same definitions)."""
+    positions = np.asarray(samples["sample_index"], np.int64)
+    out: dict[str, Statistic] = {}
+    for name, metric, kind, by in definitions():
+        if name != dataset:
+            continue
+        codes = metadata.codes[by][positions] if by is not None else None
+        if (found := statistic(kind, samples, codes)) is not None:
+            out[metric] = found
+    return out
+
+
 def attach(evidence: Evidence, metrics: dict[str, float], dataset: str, metadata: SampleMetadata,
-           samples: dict[str, np.ndarray]) -> dict[str, float]:
-    """The metrics with the dataset's group metrics added; ``evidence`` carries the metadata to write and a row of
-    unit ``metadata`` naming it for the experiment."""
+           samples: dict[str, np.ndarray], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> dict[str, float]:
+    """The metrics with the dataset's group metrics added, and their 95% bootstrap intervals in ``evidence``
+    (``resamples`` index resamples of the images, seeded as the image metrics' are); ``evidence`` carries the
+    metadata to write and a row of unit ``metadata`` naming it for the experiment."""
     from clipcache.storage.sample_metadata import LINK_UNIT
     from clipcache.tasks.score.evidence import Evidence
+    from clipcache.tasks.score.intervals import paired_draws, percentile_interval
 
     evidence.metadata = metadata
     evidence.more.append(Evidence(LINK_UNIT, {"sample_index": np.zeros(1, np.int64)}, [metadata.dataset_id]))
+    n = len(samples["sample_index"])
+    if resamples > 0 and n:
+        for metric, found in group_statistics(dataset, samples, metadata).items():
+            # index draws (never a shortcut): the draws a suite takes of the same statistic with the same seed
+            evidence.intervals[metric] = percentile_interval(paired_draws(found, n, resamples=resamples, seed=seed))
     return {**metrics, **group_metrics(dataset, samples, metadata)}
 
 

@@ -9,6 +9,10 @@ For each model (model, checkpoint, precision) with a result on some dataset of t
 - the normalised score is the mean of (score - chance) / (1 - chance) (0: chance, 1: perfect), under the same rule;
 - each with a 95% percentile-bootstrap interval: every dataset's samples are resampled on their own (the per-sample
   rows of the result's run), the main metric recomputed on each resample, and the suite mean taken per resample.
+  A DataComp group metric (``F1-macro_all``, ``acc_wg``, ``acc_worst_region``, ``acc_top5_wg``: a minimum over
+  groups or a mean over classes, tasks/suites/groups.py) is recomputed from the image rows and, for a worst group,
+  the ``sample_metadata`` rows the run names (its row of unit ``metadata``), joined by sample key as the
+  ``sample_groups`` view joins them.
   Resamples are seeded per dataset, so two models over the same samples see the same resamples: the difference of
   their suite scores is a paired bootstrap, and two models whose difference interval covers 0 are reported as not
   separable at the 5% level (rank stability).
@@ -25,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from clipcache.storage.sample_metadata import LINK_UNIT
 from clipcache.tasks.score.intervals import (
     DEFAULT_RESAMPLES,
     class_recall_statistic,
@@ -32,7 +37,7 @@ from clipcache.tasks.score.intervals import (
     paired_draws,
     percentile_interval,
 )
-from clipcache.tasks.suites import Suite, SuiteEntry
+from clipcache.tasks.suites import Suite, SuiteEntry, groups
 
 Interval = tuple[float | None, float | None]
 ModelKey = tuple[str, str | None, str | None, str | None]  # model, pretrained, checkpoint, precision
@@ -181,6 +186,9 @@ def _draws(con: Any, result: DatasetResult, resamples: int, seed: int) -> None:
     if "target" not in rows or not len(rows["target"]):
         result.why_no_draws = "no per-sample rows"
         return
+    if (found := groups.definition(entry.dataset, entry.main_metric)) is not None:
+        _group_draws(con, result, found, resamples, seed)
+        return
     n = len(rows["target"])
     rng_seed = _seed(entry.dataset, "image", seed)
     if (metric, k) in (("acc", 1), ("acc", 5)) and rows.get(f"correct{k}") is not None \
@@ -194,6 +202,41 @@ def _draws(con: Any, result: DatasetResult, resamples: int, seed: int) -> None:
         result.draws = paired_draws(statistic, n, resamples=resamples, seed=rng_seed)
     else:
         result.why_no_draws = f"{entry.main_metric} is not recomputed from sample rows"
+
+
+def _group_draws(con: Any, result: DatasetResult, found: tuple[str, str | None], resamples: int, seed: int) -> None:
+    """A group metric recomputed on every resample of the result's image rows (those with the metric's field in
+    the metadata the run was scored with), with the statistic the evaluation's interval uses."""
+    kind, by = found
+    entry, experiment = result.entry, result.experiment_id
+    cursor = con.execute(
+        "SELECT s.sample_index, s.target, s.prediction, s.correct1, s.correct5, m.code FROM latest_samples s "
+        "LEFT JOIN latest_samples l ON l.experiment_id = s.experiment_id AND l.run_id = s.run_id AND l.unit = ? "
+        "LEFT JOIN sample_metadata m ON m.dataset_id = l.sample_key AND m.sample_key = s.sample_key AND m.field = ? "
+        "WHERE s.experiment_id = ? AND s.unit = 'image' ORDER BY s.sample_index", [LINK_UNIT, by, experiment])
+    names = ("sample_index", "target", "prediction", "correct1", "correct5", "code")
+    columns = dict(zip(names, (np.array(c, dtype=object) for c in zip(*cursor.fetchall(), strict=True)),
+                       strict=True))
+    if not columns:
+        result.why_no_draws = "no per-sample rows"
+        return
+    codes = None
+    if by is not None:
+        grouped = np.array([c is not None for c in columns["code"]], dtype=bool)
+        if not grouped.any():
+            result.why_no_draws = f"no sample_metadata rows of field {by!r} for the run"
+            return
+        columns = {k: v[grouped] for k, v in columns.items()}  # as sample_groups: samples with the field
+        codes = columns["code"].astype(np.int64)
+    samples = {k: v.astype(np.int64) for k, v in columns.items() if k in ("target", "prediction")}
+    samples.update({k: v.astype(np.float64) for k, v in columns.items()
+                    if k in ("correct1", "correct5") and not any(x is None for x in v)})
+    statistic = groups.statistic(kind, samples, codes)
+    if statistic is None:
+        result.why_no_draws = f"{entry.main_metric} is not defined on these samples"
+        return
+    result.draws = paired_draws(statistic, len(samples["target"]), resamples=resamples,
+                                seed=_seed(entry.dataset, "image", seed))
 
 
 def score_suite(con: Any, suite: Suite, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
