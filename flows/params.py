@@ -32,6 +32,7 @@ from clipcache.tasks.evaluation.image_clustering import ImageClustering
 from clipcache.tasks.evaluation.knn_classification import KnnClassification
 from clipcache.tasks.evaluation.linear_probe import LinearProbe
 from clipcache.tasks.evaluation.mieb_linear_probe import MiebLinearProbe
+from clipcache.tasks.evaluation.multilabel_probe import MultilabelProbe
 from clipcache.tasks.evaluation.zeroshot_retrieval import ZeroShotRetrieval
 from clipcache.tasks.models.spec import ModelSpec
 
@@ -39,7 +40,7 @@ RetrievalMetric = Literal["recall", "mrr", "ndcg", "rank"]
 # The built-in tasks whose options are run parameters (flags, config keys). Each such parameter takes its default,
 # constraints and help from the task's Options model, where they are written once.
 OPTION_TASKS: tuple[type[EvalTask], ...] = (ZeroShotRetrieval, LinearProbe, ImageClustering, MiebLinearProbe,
-                                              KnnClassification, ComposedRetrieval)
+                                              KnnClassification, ComposedRetrieval, MultilabelProbe)
 SWEPT_OPTIONS = ("fewshot_k",)  # a list of values: one experiment per value
 
 
@@ -108,7 +109,7 @@ class EvaluateParams(BaseModel):
                                                                        "interval (0: no intervals)")
     # task options: default, constraints and help from the tasks' Options models
     ties: Ties = task_option(ZeroShotRetrieval, "ties")
-    train_split: str = task_option(LinearProbe, "train_split", MiebLinearProbe, KnnClassification)
+    train_split: str = task_option(LinearProbe, "train_split", MiebLinearProbe, KnnClassification, MultilabelProbe)
     val_split: str | None = task_option(LinearProbe, "val_split")
     val_proportion: float | None = task_option(LinearProbe, "val_proportion")
     fewshot_k: list[int] = swept_option(LinearProbe, "fewshot_k", "several values give one probe (one "
@@ -117,12 +118,14 @@ class EvaluateParams(BaseModel):
     fewshot_epochs: int = task_option(LinearProbe, "fewshot_epochs")
     seed: int = task_option(LinearProbe, "seed", ImageClustering)
     samples_per_label: int = task_option(MiebLinearProbe, "samples_per_label")
-    n_experiments: int = task_option(MiebLinearProbe, "n_experiments")
-    probe_seed: int = task_option(MiebLinearProbe, "probe_seed")
+    n_experiments: int = task_option(MiebLinearProbe, "n_experiments", MultilabelProbe)
+    probe_seed: int = task_option(MiebLinearProbe, "probe_seed", MultilabelProbe)
     probe_max_iter: int = task_option(MiebLinearProbe, "probe_max_iter")
-    probe_features: Literal["raw", "normalized"] = task_option(MiebLinearProbe, "probe_features")
+    probe_features: Literal["raw", "normalized"] = task_option(MiebLinearProbe, "probe_features", MultilabelProbe)
     knn_k: int = task_option(KnnClassification, "knn_k")
     knn_weights: Literal["uniform", "distance"] = task_option(KnnClassification, "knn_weights")
+    multilabel_samples_per_label: int = task_option(MultilabelProbe, "multilabel_samples_per_label")
+    multilabel_knn_k: int = task_option(MultilabelProbe, "multilabel_knn_k")
     reference_image: Literal["layout", "exclude", "keep"] = task_option(ComposedRetrieval, "reference_image")
     normalize: str = Field("true", description="linear_probe: L2-normalised features, clip_benchmark's default "
                                                "(the only choice: the cache holds normalised embeddings)")

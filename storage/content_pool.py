@@ -5,7 +5,8 @@ The same scheme as ``storage/text_pool.py``: a pool is a set of immutable cache 
 some inputs' embeddings and a ``content_sha256`` array (rows x 32 bytes); ``pools/<pool>/<batch key>`` marker files,
 created only after their batch is published, list a pool's batches. Two processes adding overlapping inputs both
 succeed; a digest found in several batches is read from the first (the vectors are the same model's on the same
-content).
+content). A batch written with each row's norm before normalisation (the encode stage's ``norms`` array) gives
+them back with ``gather_norms``, so raw vectors (row x norm) are known where every batch read has them.
 """
 
 from __future__ import annotations
@@ -52,6 +53,18 @@ class Pool:
             for row, sha in enumerate(self.store.open(key).array(self.digest_array)):
                 found.setdefault(sha.tobytes(), (key, row))
         return found
+
+
+    def gather_norms(self, where: list[tuple[str, int]]) -> np.ndarray | None:
+        """Each row's L2 norm before normalisation at (batch key, row) positions, in that order (float32), or None
+        when a batch keeps none (written before clipcache kept norms, or by a model that cannot give them): the raw
+        vectors of ``where`` are then not all known."""
+        keys = list(dict.fromkeys(key for key, _ in where))
+        entries = {key: self.store.open(key) for key in keys}
+        if not all(entry.has_norms for entry in entries.values()):
+            return None
+        parts = {key: entry.norms(f"pool {self.pool[:12]}") for key, entry in entries.items()}
+        return np.array([parts[key][row] for key, row in where], dtype=np.float32).reshape(len(where))
 
 
 class ContentPool(Pool):

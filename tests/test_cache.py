@@ -252,7 +252,8 @@ def test_cache_ls_info_gc(prefect_server, tmp_path, capsys):
     # which tasks read which entry: each task declares the roles and the kinds of data it reads
     served = {(r["dataset"], r["kind"]): r["tasks"] for r in rows}
     assert served[("shapes", "image")] == ["face_attributes", "image_clustering", "knn_classification",
-                                           "linear_probe", "mieb_linear_probe", "zeroshot_classification"]
+                                           "linear_probe", "mieb_linear_probe", "multilabel_probe",
+                                           "zeroshot_classification"]
     assert served[("shapes_retrieval", "image")] == served[("shapes_retrieval", "caption")] == ["zeroshot_retrieval"]
     # the prompt pool: class prompts, FairFace's heads' prompts and the texts mteb's tasks encode share it
     assert [r["tasks"] for r in rows if r["kind"] == "prompt"] == [["face_attributes", "mieb",

@@ -101,7 +101,8 @@ def test_equal_to_mteb_cv_bench_on_the_cached_embeddings(tmp_path, monkeypatch):
     scored = evaluate_one("multiple_choice", model_session, DataSource("shapes_qa", str(root)), store, memo,
                           encode=EncodeSettings(8, 0))
     data = open_multiple_choice("shapes_qa", root, "test", None)
-    entries = {store.open(k).attrs["key_fields"]["role"]: store.open(k).embeddings() for k in store.keys()}
+    # the raw features (row x norm): what mteb's OpenCLIP wrapper hands its evaluator and sums for image + text
+    entries = {store.open(k).attrs["key_fields"]["role"]: store.open(k).raw_embeddings("test") for k in store.keys()}
     assert {r: len(v) for r, v in entries.items()} == {"question_image": len(data.images), "question_text": 2,
                                                         "choice_text": len(data.choices)}
     assert len(data.images) < 20 and data.choices[9:11] == ["Red circle", "red circle"]

@@ -8,7 +8,8 @@ Every place data can come from is a dataset source (tasks/datasets/source.py) in
   any-to-any retrieval read it themselves; ``open_dataset`` opens image datasets and passes them by).
 - ``registered``: the readers in ``DATASETS``: ``shapes`` / ``shapes_retrieval`` (bundled), ``custom`` (evalscope's
   ``image_queries.jsonl``), ``imagefolder`` / ``image_labels``, ``sugar_crepe/<task>`` / ``winoground``,
-  ``aro/<set>`` / ``valse/<piece>`` / ``mmvp_vlm`` (tasks/datasets/compositionality.py), and readers other
+  ``aro/<set>`` / ``valse/<piece>`` / ``mmvp_vlm`` (tasks/datasets/compositionality.py), ``cola/multi_objects`` /
+  ``crepe/<set>`` / ``vl_checklist/<type>`` (tasks/datasets/compositionality_more.py), and readers other
   packages add with an entry point in the group ``clipcache.datasets`` (tasks/datasets/reader.py).
 - ``group_layouts``: DataComp's WILDS and fairness sets with per-sample metadata (``wilds/iwildcam``,
   ``fairness/geode``, ...; tasks/datasets/group_layouts.py): its webdataset copies or WILDS' folders.
@@ -63,6 +64,16 @@ VALSE = tuple(f"valse/{piece}" for piece in json.loads(Path(__file__).with_name(
 for _name in VALSE:
     DATASETS.register(_name, "clipcache.tasks.datasets.loaders:Valse")
 DATASETS.register("mmvp_vlm", "clipcache.tasks.datasets.loaders:MmvpVlm")
+# COLA, CREPE and VL-CheckList (tasks/datasets/compositionality_more.py; CREPE's sets and VL-CheckList's types are
+# listed in compositionality_more.json)
+_MORE = json.loads(Path(__file__).with_name("compositionality_more.json").read_text(encoding="utf-8"))
+DATASETS.register("cola/multi_objects", "clipcache.tasks.datasets.compositionality_more:Cola")
+for _name in (*(f"crepe/productivity/{t}" for t in _MORE["crepe_productivity_types"]),
+              *(f"crepe/systematicity/{t}/{d}" for t in _MORE["crepe_systematicity_types"]
+                for d in _MORE["crepe_train_datasets"])):
+    DATASETS.register(_name, "clipcache.tasks.datasets.compositionality_more:Crepe")
+for _name in _MORE["vl_checklist_types"]:
+    DATASETS.register(f"vl_checklist/{_name}", "clipcache.tasks.datasets.compositionality_more:VlChecklist")
 
 SOURCES: Registry[DatasetSource] = Registry("dataset source", DatasetError)
 SOURCES.register("beir", "clipcache.tasks.datasets.sources:BeirFolders")
@@ -76,6 +87,8 @@ SOURCES.register("visual_sts", "clipcache.tasks.datasets.mieb_layouts:VisualStsF
 SOURCES.register("multiple_choice", "clipcache.tasks.datasets.mieb_layouts:MultipleChoiceFolders")
 SOURCES.register("mieb", "clipcache.tasks.datasets.mieb_tasks:MiebSource")
 SOURCES.register("composed_retrieval", "clipcache.tasks.datasets.composed_layouts:ComposedFolders")
+SOURCES.register("multilabel", "clipcache.tasks.datasets.multilabel_layouts:MultilabelFolders")
+SOURCES.register("vidore", "clipcache.tasks.datasets.vidore:VidoreFolders")
 
 
 @cache

@@ -6,7 +6,8 @@ modifying text; the documents are the split's images (its gallery). Three layout
 CIRR's own (github.com/Cuberick-Orion/CIRR; the folder holding ``captions/``, or its parent with ``cirr/``)::
 
     <root>/captions/cap.rc2.<split>.json        [{"pairid": 1, "reference": "dev-1-0-img0", "target_hard": "...",
-                                                  "caption": "...", ...}, ...]
+                                                  "caption": "...", "img_set": {"id": 36, "members": [six image
+                                                  names, the reference among them]}, ...}, ...]
     <root>/image_splits/split.rc2.<split>.json  {"dev-1-0-img0": "./dev/dev-1-0-img0.png", ...}   (paths from root,
                                                                                                   or root/img_raw)
 
@@ -61,6 +62,9 @@ class ComposedData:
     excludes_reference: bool  # the layout's own protocol: CIRR's evaluation never retrieves the reference
     keys: list[str] | None
     files: list[Path] = field(default_factory=list)
+    # CIRR: per query the gallery positions of its img_set members (Recall_subset's candidates, the reference among
+    # them as the file lists it); None for layouts without subsets
+    subsets: list[np.ndarray] | None = None
 
 
 class _Gallery:
@@ -120,6 +124,7 @@ class _Queries:
         self.targets: list[np.ndarray] = []
         self.gains: list[np.ndarray] = []
         self.keys: list[str] = []
+        self.subsets: list[np.ndarray] = []
 
     def add(self, key: str, image: int, text: str, reference: int, targets: list[int],  # noqa: PLR0913
             gains: list[float] | None = None) -> None:
@@ -138,7 +143,7 @@ def _data(name: str, root: Path, layout: str, gallery: _Gallery, queries: _Queri
     return ComposedData(name, gallery.images.split, root, layout, gallery.images, np.asarray(gallery.gallery, np.int64),
                         gallery.ids, list(queries.texts), np.asarray(queries.image, np.int64),
                         np.asarray(queries.text, np.int64), np.asarray(queries.reference, np.int64), queries.targets,
-                        queries.gains, excludes, queries.keys, files)
+                        queries.gains, excludes, queries.keys, files, queries.subsets or None)
 
 
 # -- CIRR -----------------------------------------------------------------------------------------------------------
@@ -178,9 +183,32 @@ def open_cirr(name: str, root: Path, split: str, limit: int | None) -> ComposedD
             if record[field_name] not in gallery.position:
                 raise DatasetError(f"{captions} record {i}: {field_name} {record[field_name]!r} is not in {splits}")
         reference = gallery.position[record["reference"]]
+        members = _img_set(captions, i, record, gallery, splits)
+        if (members is None) != (not queries.subsets) and queries.keys:
+            raise DatasetError(f"{captions} record {i}: {'no' if members is None else 'an'} img_set, where the "
+                               f"records before it {'have one' if queries.subsets else 'have none'} (CIRR's "
+                               f"Recall_subset needs every query's)")
         queries.add(str(record.get("pairid", i)), int(gallery.gallery[reference]), record["caption"], reference,
                     [gallery.position[record["target_hard"]]])
+        if members is not None:
+            queries.subsets.append(members)
     return _data(name, root, "cirr", gallery, queries, excludes=True, files=[captions, splits])
+
+
+def _img_set(captions: Path, i: int, record: dict[str, Any], gallery: _Gallery, splits: Path) -> np.ndarray | None:
+    """The gallery positions of a CIRR record's ``img_set`` members (distinct, in the file's order), or None when
+    the record has no ``img_set``."""
+    if "img_set" not in record:
+        return None
+    img_set = record["img_set"]
+    members = img_set.get("members") if isinstance(img_set, dict) else None
+    if not isinstance(members, list) or not members or not all(isinstance(m, str) for m in members):
+        raise DatasetError(f"{captions} record {i}: img_set must be an object whose 'members' is a list of image "
+                           f"names (CIRR's {{\"id\": ..., \"members\": [...]}})")
+    unknown = [m for m in members if m not in gallery.position]
+    if unknown:
+        raise DatasetError(f"{captions} record {i}: img_set member {unknown[0]!r} is not in {splits}")
+    return np.asarray(list(dict.fromkeys(gallery.position[m] for m in members)), np.int64)
 
 
 # -- FashionIQ ------------------------------------------------------------------------------------------------------

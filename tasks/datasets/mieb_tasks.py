@@ -105,8 +105,12 @@ def load_mieb(name: str, root: Path | None, split: str, language: str, hf_cache:
     subset = task.hf_subsets[0]
     with datasets_cache(hf_cache):
         _load(task, name, root, split)
+    if hasattr(task, "convert_v1_dataset_format_to_v2"):  # retrieval tasks loaded in mteb's v1 form (the ViDoRe ones)
+        task.convert_v1_dataset_format_to_v2(num_proc=None)  # what mteb's evaluate does first; a no-op otherwise
+    # features: mteb gets raw vectors (row x norm) and sums raw image + text, as its CLIP wrappers do; results made
+    # from normalised vectors (before the image pool kept norms) are another experiment
     identity = {"mteb_task": name, "dataset": dict(meta.dataset), "hf_subset": subset,
-                "mteb": library_version("mteb")}
+                "mteb": library_version("mteb"), "features": "raw"}
     return MiebData(name, task, split, subset, identity, _count(task.dataset, split, subset),
                     str(root) if root else None)
 

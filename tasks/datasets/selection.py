@@ -55,6 +55,7 @@ class SelectionDataset(EvalDataset):
     groups: list[str] | None = None
     macro_exclude: frozenset[str] = frozenset()
     macro_min_count: int = 1
+    strict: bool = False  # a tie is a miss on either side (COLA), not decided by the first index
     _tables: dict[Path, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -76,6 +77,11 @@ class SelectionDataset(EvalDataset):
 
             ident["crops"] = digest([list(s.box) if isinstance(s, Crop) else None for s in self.sources])
         return ident
+
+    def group_metrics(self, samples: dict[str, np.ndarray]) -> dict[str, float]:
+        """Sub-scores a set's reference reports (per type, per subtype), from the scored items' outcomes
+        (``samples``, with each item's ``sample_index``); named ``<metric>:<group>``. None by default."""
+        return {}
 
     def describe(self, index: int) -> str:
         source = self.sources[index]

@@ -11,15 +11,20 @@ one row per input. :class:`CachedMtebEncoder` answers from content-addressed poo
   (CIFAR10ZeroShot and CIFAR10Clustering read one dataset) share every vector, whatever the task, split or order.
 
 Only what a pool lacks is encoded, in mteb's own batches; a re-run encodes nothing and never loads the model.
-Vectors are clipcache's: L2-normalised float32. An input of an image and a text (composed queries, image+question)
-is the sum of the two normalised vectors, as mteb's CLIP-style wrappers sum their two features. Audio, video and
-conversation inputs are refused in one line. :class:`UncachedMtebEncoder` is the same model without the cache (the
-parity reference and the benchmark's "mteb's own run").
+Each pool batch keeps every row's norm before normalisation beside the L2-normalised row, as the encode stage's
+entries do, so mteb receives the raw features (row x norm, float32), what mteb's CLIP, OpenCLIP and SigLIP wrappers
+hand its evaluators; an input of an image and a text (composed queries, image+question) is the sum of the two raw
+vectors, as those wrappers sum their two features. Where a vector read has no norm (a batch written before norms
+were kept, a model that cannot give them), that call's vectors are the normalised rows, and a warning says which
+(cosine scores do not change; sums, k-means and distances do). Audio, video and conversation inputs are refused in
+one line. :class:`UncachedMtebEncoder` is the same model without the cache (the parity reference and the
+benchmark's "mteb's own run").
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
 from abc import abstractmethod
 from contextlib import ExitStack
@@ -45,6 +50,8 @@ if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.tasks.encode.stage import ModelSession
     from clipcache.tasks.models.base import EmbeddingModel
+
+log = logging.getLogger("clipcache.mieb")
 
 IMAGE_ROLE = "mieb_image"  # the image pool's role; its batches are "mieb_image-batch" entries
 SUPPORTED = ("text", "image")
@@ -92,12 +99,30 @@ def _add(keys: list[str], new: Iterable[str]) -> None:
     keys.extend(k for k in dict.fromkeys(new) if k not in keys)
 
 
+Vectors = tuple[np.ndarray, "np.ndarray | None"]  # L2-normalised rows, each row's norm before normalisation or None
+
+
 class _MtebEncoder(AbsEncoder):
     """mteb's encoder protocol over two hooks, ``_image_vectors`` (one dataloader's images, batch by batch) and
-    ``_text_vectors`` (all of a dataloader's texts at once)."""
+    ``_text_vectors`` (all of a dataloader's texts at once), each giving normalised rows and their norms."""
 
     def __init__(self, meta: ModelMeta):
         self.mteb_model_meta = meta
+        self._warned: set[str] = set()
+
+    def _raw(self, task: str, sides: dict[str, Vectors]) -> list[np.ndarray]:
+        """The sides' raw features, or their normalised rows (and one warning per task) when a side has no norms."""
+        raw = [rows * norms[:, None] for rows, norms in sides.values() if norms is not None]
+        if len(raw) == len(sides):
+            return raw
+        if task not in self._warned:
+            self._warned.add(task)
+            log.warning("mteb task %s: %s vectors without norms (cache entries written before clipcache kept each "
+                        "row's norm, or a model that cannot give them): mteb receives normalised vectors, not the "
+                        "raw features mteb's CLIP-style wrappers give (cosine scores are the same; image + text "
+                        "sums, clustering and distances are not)", task,
+                        " and ".join(name for name, (_, norms) in sides.items() if norms is None))
+        return [rows for rows, _ in sides.values()]
 
     def encode(self, inputs: Any, *, task_metadata: Any, hf_split: str, hf_subset: str,
                prompt_type: Any = None, **kwargs: Any) -> np.ndarray:
@@ -120,14 +145,17 @@ class _MtebEncoder(AbsEncoder):
                 pass
         text_vectors = self._text_vectors(texts, task_metadata.name) if texts else None
         if images is not None and text_vectors is not None:
-            if len(images) != len(text_vectors):
-                raise DatasetError(f"mteb task {task_metadata.name}: {len(images)} images and {len(text_vectors)} "
-                                   f"texts in inputs that pair them")
-            return images + text_vectors  # both L2-normalised: each side weighs the same
+            if len(images[0]) != len(text_vectors[0]):
+                raise DatasetError(f"mteb task {task_metadata.name}: {len(images[0])} images and "
+                                   f"{len(text_vectors[0])} texts in inputs that pair them")
+            # raw features summed, as mteb's CLIP-style wrappers sum them: each side weighs by its norm
+            image_part, text_part = self._raw(task_metadata.name, {"image": images, "text": text_vectors})
+            return image_part + text_part
         out = images if images is not None else text_vectors
         if out is None:
             raise DatasetError(f"mteb task {task_metadata.name}: an empty input")
-        return out
+        [vectors] = self._raw(task_metadata.name, {"image" if images is not None else "text": out})
+        return vectors
 
     @staticmethod
     def _batches(inputs: Any, texts: list[str]) -> Iterable[dict[str, Any]]:
@@ -137,12 +165,13 @@ class _MtebEncoder(AbsEncoder):
             yield batch
 
     @abstractmethod
-    def _image_vectors(self, batches: Iterable[list[Image.Image]], n: int, task: str) -> np.ndarray:
-        """The images' vectors, in order (the uncached encoder encodes them, the cached one reads or adds them)."""
+    def _image_vectors(self, batches: Iterable[list[Image.Image]], n: int, task: str) -> Vectors:
+        """The images' normalised vectors and norms, in order (the uncached encoder encodes them, the cached one
+        reads or adds them)."""
 
     @abstractmethod
-    def _text_vectors(self, texts: list[str], task: str) -> np.ndarray:
-        """The texts' vectors, in order."""
+    def _text_vectors(self, texts: list[str], task: str) -> Vectors:
+        """The texts' normalised vectors and norms, in order."""
 
 
 class UncachedMtebEncoder(_MtebEncoder):
@@ -153,16 +182,20 @@ class UncachedMtebEncoder(_MtebEncoder):
         self.model = model
         self.counts = EncodeCounts()
 
-    def _image_vectors(self, batches: Iterable[list[Image.Image]], n: int, task: str) -> np.ndarray:
+    def _image_vectors(self, batches: Iterable[list[Image.Image]], n: int, task: str) -> Vectors:
         parts = []
         for images in batches:
-            parts.append(self.model.encode_images(torch.stack([self.model.image_transform(i) for i in images])))
+            parts.append(self.model.encode_images_with_norms(torch.stack([self.model.image_transform(i)
+                                                                          for i in images])))
             self.counts.images_encoded += len(images)
-        return np.concatenate(parts) if parts else np.empty((0, 0), np.float32)
+        if not parts:
+            return np.empty((0, 0), np.float32), np.empty(0, np.float32)
+        norms = None if any(n is None for _, n in parts) else np.concatenate([n for _, n in parts if n is not None])
+        return np.concatenate([v for v, _ in parts]), norms
 
-    def _text_vectors(self, texts: list[str], task: str) -> np.ndarray:
+    def _text_vectors(self, texts: list[str], task: str) -> Vectors:
         self.counts.texts_encoded += len(texts)
-        return self.model.encode_texts(texts)
+        return self.model.encode_texts_with_norms(texts)
 
 
 class CachedMtebEncoder(_MtebEncoder):
@@ -183,11 +216,12 @@ class CachedMtebEncoder(_MtebEncoder):
         self.counts = EncodeCounts()
         self.images = ContentPool(store, digest(image_pool_fields(session)))
 
-    def _image_vectors(self, batches: Iterable[list[Image.Image]], n: int, task: str) -> np.ndarray:
+    def _image_vectors(self, batches: Iterable[list[Image.Image]], n: int, task: str) -> Vectors:
         from clipcache.tasks.contract import CacheMissError
 
         known = self.images.index()
         made: dict[bytes, np.ndarray] = {}  # vectors encoded now, by digest
+        made_norms: dict[bytes, float | None] = {}  # their norms before normalisation (None: the model gave none)
         unseen: set[bytes] = set()  # cached_only: digests the pool lacks
         order: list[bytes] = []
         # one new batch entry per call, named uniquely (a batch is found through the pool's markers, never by key)
@@ -210,11 +244,15 @@ class CachedMtebEncoder(_MtebEncoder):
                                                                    aux={DIGEST_ARRAY: AuxSpec("uint8", (32,))}))
                 model = self.session.model
                 rows = sorted(todo.values())
-                vectors = model.encode_images(torch.stack([model.image_transform(images[i]) for i in rows]))
+                # with each row's norm, as the encode stage writes its entries (the writer's first rows decide)
+                vectors, norms = model.encode_images_with_norms(torch.stack([model.image_transform(images[i])
+                                                                             for i in rows]))
                 start = self.counts.images_encoded
-                writer.add(vectors, np.arange(start, start + len(rows), dtype=np.int64),
+                writer.add(vectors, np.arange(start, start + len(rows), dtype=np.int64), norms=norms,
                            **{DIGEST_ARRAY: digests_array([digests[i] for i in rows])})
                 made.update({digests[i]: vectors[j] for j, i in enumerate(rows)})
+                made_norms.update({digests[i]: None if norms is None else float(norms[j])
+                                   for j, i in enumerate(rows)})
                 self.counts.images_encoded += len(rows)
             if unseen:
                 raise CacheMissError([f"{len(unseen)} image embeddings of mteb task {task}"])
@@ -226,20 +264,28 @@ class CachedMtebEncoder(_MtebEncoder):
         self.counts.images_cached += len(cached)
         _add(self.counts.image_keys, (key for key, _ in cached))
         stored = self.images.gather(cached)
+        stored_norms = self.images.gather_norms(cached)
         if not order:
-            return np.empty((0, 0), np.float32)
+            return np.empty((0, 0), np.float32), np.empty(0, np.float32)
         dim = stored.shape[1] if len(cached) else len(next(iter(made.values())))
         out = np.empty((len(order), dim), np.float32)
+        out_norms: np.ndarray | None = np.empty(len(order), np.float32)
+        if stored_norms is None or any(v is None for v in made_norms.values()):
+            out_norms = None
         j = 0
         for i, d in enumerate(order):
             if d in made:
                 out[i] = made[d]
+                if out_norms is not None:
+                    out_norms[i] = made_norms[d]
             else:
                 out[i] = stored[j]
+                if out_norms is not None and stored_norms is not None:
+                    out_norms[i] = stored_norms[j]
                 j += 1
-        return out
+        return out, out_norms
 
-    def _text_vectors(self, texts: list[str], task: str) -> np.ndarray:
+    def _text_vectors(self, texts: list[str], task: str) -> Vectors:
         from clipcache.tasks.contract import CacheMissError
         from clipcache.tasks.encode.stage import encode_prompts, prompt_pool_fields
         from clipcache.tasks.progress import StageProgress
@@ -257,4 +303,6 @@ class CachedMtebEncoder(_MtebEncoder):
             lookup = pool.lookup(texts)
         self.counts.texts_cached += sum(1 for t in texts if t not in missing)
         _add(self.counts.text_keys, lookup.batch_keys)
-        return pool.gather(lookup)
+        where = [(lookup.batch_keys[b], int(r)) for b, r in zip(lookup.batch.tolist(), lookup.row.tolist(),
+                                                                 strict=True)]
+        return pool.gather(lookup), pool.gather_norms(where)

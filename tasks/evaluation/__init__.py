@@ -43,6 +43,9 @@ TASKS.register("composed_retrieval", "clipcache.tasks.evaluation.composed_retrie
 TASKS.register("mieb_linear_probe", "clipcache.tasks.evaluation.mieb_linear_probe:MiebLinearProbe")
 TASKS.register("knn_classification", "clipcache.tasks.evaluation.knn_classification:KnnClassification")
 TASKS.register("face_attributes", "clipcache.tasks.evaluation.face_attributes:FaceAttributes")
+TASKS.register("multilabel_probe", "clipcache.tasks.evaluation.multilabel_probe:MultilabelProbe")
+TASKS.register("visual_document_retrieval",
+               "clipcache.tasks.evaluation.visual_document_retrieval:VisualDocumentRetrieval")
 
 
 def get_task(name: str) -> EvalTask:

@@ -11,7 +11,7 @@ the cache.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -41,7 +41,7 @@ class Any2AnyRetrieval(EvalTask):
     name = "any2any_retrieval"
     short = "any2any"
     description = "images and texts as queries and documents (MIEB Any2Any): ndcg, map, recall, precision, mrr @k"
-    needs = ("corpus_image", "corpus_text", "query_image", "query_text")  # never sharded: user-sized corpora
+    needs: ClassVar[tuple[str, ...]] = ("corpus_image", "corpus_text", "query_image", "query_text")  # never sharded: user-sized corpora
     reads = ("any2any",)
     main_metrics = (("ndcg", 10, "ndcg@10", 1),)
 

@@ -63,13 +63,15 @@ class ImageCaptionSelection(EvalTask):
         metrics, n, tied, samples = score_selection(store, encoded.outcomes["image"].ref,
                                                     encoded.outcomes["caption"].ref, dataset.item_images,
                                                     len(dataset.sources), keep_samples=True,
-                                                    targets=dataset.targets)
+                                                    targets=dataset.targets, strict=dataset.strict)
         if dataset.groups is not None and samples is not None:  # ARO's VG sets: the macro accuracy they report
             from clipcache.tasks.score.selection import grouped_accuracy
 
             metrics["macro_acc"] = grouped_accuracy(samples["text_right"],
                                                     [dataset.groups[i] for i in samples["sample_index"]],
                                                     exclude=dataset.macro_exclude, min_count=dataset.macro_min_count)
+        if samples is not None:  # CREPE's per complexity, VL-CheckList's per subtype (compositionality_more.py)
+            metrics.update(dataset.group_metrics(samples))
         evidence = None
         if samples is not None:
             keys = [dataset.item_keys[i] for i in samples["sample_index"]] if dataset.item_keys else None

@@ -7,6 +7,11 @@ Three cache entries, each holding what it encodes once: the distinct question im
 distinct question texts (``question_text``) and the distinct choice texts (``choice_text``); a rescore reads the
 folder's answers and the cache only. Each question is a sample row (unit ``example``): its answer in ``target``, the
 choice given in ``prediction``, ``correct1`` (acc1 is their mean), ``rank``, ``tied``, ``score``, ``margin``.
+
+The query sums the image's and the question's raw features (normalised row x stored norm), as mteb's CLIP-style
+wrappers sum theirs; entries without norms are summed normalised, with a warning
+(tasks/evaluation/composed_retrieval.fusion_sides). Choices are raw features too where their entry keeps norms:
+cosine does not see a norm, but normalising mteb's raw vectors gives its bits.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ class MultipleChoice(EvalTask):
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         import numpy as np
 
+        from clipcache.tasks.evaluation.composed_retrieval import fusion_sides
         from clipcache.tasks.score.cached_rows import image_rows, text_vectors
         from clipcache.tasks.score.multiple_choice import choice_evidence, choice_outcomes
 
@@ -94,10 +100,14 @@ class MultipleChoice(EvalTask):
         kept = np.flatnonzero(rows >= 0)  # a question whose image did not decode is not asked
         if not len(kept):
             raise DatasetError(f"dataset {data.name!r}: no question is left with a decodable image")
-        questions = text_vectors(store.open(encoded.outcomes[QUESTION].ref.key), len(data.questions))
-        choices = text_vectors(store.open(encoded.outcomes[CHOICE].ref.key), len(data.choices))
+        images, questions = fusion_sides(entry, store.open(encoded.outcomes[QUESTION].ref.key), len(data.questions),
+                                         self.name, data.name)
+        choice_entry = store.open(encoded.outcomes[CHOICE].ref.key)
+        choices = text_vectors(choice_entry, len(data.choices))
+        if choice_entry.has_norms:  # raw, as mteb's wrappers hand them: cosine normalises them as mteb does, bit for bit
+            choices = choices * choice_entry.norms(self.name)[:, None]
         answers = data.answers[kept]
-        outcomes = choice_outcomes(entry.embeddings()[rows[kept]], questions[data.question_text[kept]], choices,
+        outcomes = choice_outcomes(images[rows[kept]], questions[data.question_text[kept]], choices,
                                    [data.question_choices[i] for i in kept], answers)
         metrics = {"acc1": float(outcomes["correct1"].mean())}
         skipped = len(data.images) - entry.count

@@ -41,13 +41,21 @@ def png_data_url(image: Image.Image) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def normalised(vectors: np.ndarray) -> np.ndarray:
-    """L2-normalised float32. Rows the server already normalised (within 1e-6) keep its exact bits, so vectors
-    match the same model run locally bit for bit."""
+def normalised_and_norms(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(L2-normalised float32 rows, each answered vector's L2 norm as float32). Rows the server already normalised
+    (within 1e-6) keep its exact bits, so vectors match the same model run locally bit for bit; the norms are what
+    the encode stage keeps beside the rows (raw features = row x norm, the vectors the server answered), as it
+    keeps a local model's."""
     vectors = np.asarray(vectors, dtype=np.float32)
     norms = np.linalg.norm(vectors.astype(np.float64), axis=1, keepdims=True)
     off = np.abs(norms - 1.0) > 1e-6
-    return np.where(off, vectors / norms.astype(np.float32), vectors).astype(np.float32)
+    rows = np.where(off, vectors / norms.astype(np.float32), vectors).astype(np.float32)
+    return rows, norms[:, 0].astype(np.float32)
+
+
+def normalised(vectors: np.ndarray) -> np.ndarray:
+    """L2-normalised float32 (see :func:`normalised_and_norms`)."""
+    return normalised_and_norms(vectors)[0]
 
 
 class ApiEmbeddingModel(EmbeddingModel):
@@ -125,18 +133,26 @@ class ApiEmbeddingModel(EmbeddingModel):
             self._urls[handle] = url
         return torch.tensor([handle], dtype=torch.int64)
 
-    def encode_images(self, pixels: torch.Tensor) -> np.ndarray:
+    # The API's vectors as answered are the model's raw features: their norms are kept beside the normalised rows,
+    # as the encode stage keeps a local model's, so tasks that sum raw vectors (mteb's image + text fusion) have them.
+    def encode_images_with_norms(self, pixels: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
         with self._lock:
             urls = [self._urls.pop(int(h)) for h in pixels.reshape(-1).tolist()]
         per = max(1, self.format.images_per_request)
         groups = [urls[i:i + per] for i in range(0, len(urls), per)]
         jobs: list[Callable[[threading.Event], np.ndarray]] = [partial(self._images, group) for group in groups]
-        return normalised(np.concatenate(self.client.run_all(jobs)))
+        return normalised_and_norms(np.concatenate(self.client.run_all(jobs)))
+
+    def encode_texts_with_norms(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
+        if not texts:
+            return np.zeros((0, self.dim or 0), dtype=np.float32), np.zeros(0, dtype=np.float32)
+        return normalised_and_norms(self._texts(texts, threading.Event()))
+
+    def encode_images(self, pixels: torch.Tensor) -> np.ndarray:
+        return self.encode_images_with_norms(pixels)[0]
 
     def encode_texts(self, texts: list[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dim or 0), dtype=np.float32)
-        return normalised(self._texts(texts, threading.Event()))
+        return self.encode_texts_with_norms(texts)[0]
 
     # -- the end of the run ----------------------------------------------------------------------------------------
     def cost_line(self) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from clipcache.storage.errors import ModelError
 from clipcache.storage.hashing import FileHashMemo
@@ -22,11 +22,42 @@ if TYPE_CHECKING:
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
+def is_siglip2(model_type: str, tokenizer_class: str | None) -> bool:
+    """SigLIP 2: its own model type (NaFlex), or a fixed-resolution checkpoint (model type ``siglip``) with SigLIP 2's
+    Gemma tokenizer (SigLIP's own is a T5 SentencePiece one)."""
+    return model_type == "siglip2" or (model_type == "siglip" and (tokenizer_class or "").startswith("Gemma"))
+
+
+def text_preprocessing(source: str) -> dict[str, bool]:
+    """The text rule clipcache applies beyond the tokenizer's own (docs/preprocessing.md), read from a folder's
+    config.json and tokenizer_config.json, or, for a hub id (not fetched when resolving), from its name: SigLIP 2 is
+    lowercased, as big_vision trains and evaluates it; HF's Gemma tokenizer of its fixed-resolution checkpoints does
+    not. Empty for every other model, so their identities (and cache keys) are what they were."""
+    import json
+
+    path = Path(source).expanduser()
+    if path.is_dir():
+        def field(file: str, key: str) -> str | None:
+            try:
+                value = json.loads((path / file).read_text(encoding="utf-8")).get(key)
+            except (OSError, ValueError, AttributeError):
+                return None
+            return value if isinstance(value, str) else None
+
+        siglip2 = is_siglip2(field("config.json", "model_type") or "", field("tokenizer_config.json",
+                                                                             "tokenizer_class"))
+    else:
+        siglip2 = "siglip2" in source.lower()
+    return {"lowercase": True} if siglip2 else {}
+
+
 def resolve_hf(loader: str, source: str, spec: ModelSpec, memo: FileHashMemo, library: str,
                named: bool = False) -> ResolvedModel:
     """A local folder (by content) or a hub id (by id and revision). ``named``: the folder stands for a name the user
     gave (a bundled model, a ModelScope download), which already tells it apart: it gets no folder label."""
-    base = {"loader": loader, "library": f"{library} {library_version(library)}"}
+    base: dict[str, Any] = {"loader": loader, "library": f"{library} {library_version(library)}"}
+    if text := text_preprocessing(source):  # a text-only rule, recorded where it applies (SigLIP 2)
+        base["text_preprocessing"] = text
     path = Path(source).expanduser()
     if path.is_dir():
         if loader == "hf" and not (path / "config.json").is_file():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 from typing import Any
 
@@ -11,9 +12,11 @@ from PIL import Image
 from clipcache.storage.errors import ModelError
 from clipcache.tasks.models.base import TwoTowerModel, pooled
 from clipcache.tasks.models.custom_code import check_hf_source, checkpoint_refusal, no_prompts, one_line
+from clipcache.tasks.models.hf_loader import is_siglip2
 from clipcache.tasks.models.loader import ResolvedModel
 
 SUPPORTED_TYPES = ("clip", "chinese_clip", "siglip", "siglip2", "altclip")
+log = logging.getLogger("clipcache.models")
 
 
 class HFImageTransform:
@@ -53,6 +56,13 @@ class HFClipModel(TwoTowerModel):
         self.model_type = config.model_type
         text_cfg = getattr(config, "text_config", config)
         self.max_length = int(getattr(text_cfg, "max_position_embeddings", 77))
+        # The text rule is the identity's (so a cache key always says how its text vectors were made): SigLIP 2 is
+        # lowercased, as big_vision does; hf_loader.text_preprocessing decides it when resolving.
+        self.lowercase = bool(resolved.identity.get("text_preprocessing", {}).get("lowercase"))
+        if is_siglip2(config.model_type, type(self.tokenizer).__name__) and not self.lowercase:
+            log.warning("%s looks like SigLIP 2 (a Gemma tokenizer) but its name does not say siglip2: its texts are "
+                        "not lowercased as big_vision does; load it from a local folder to have them lowercased",
+                        source)
         self.transform = HFImageTransform(self.processor)
         super().__init__(module, device, amp)
 
@@ -63,6 +73,8 @@ class HFClipModel(TwoTowerModel):
         return self.transform
 
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        if self.lowercase:  # big_vision lowercases SigLIP 2's texts; HF's Gemma tokenizer keeps case
+            texts = [t.lower() for t in texts]
         # SigLIP was trained with fixed-length padding and pools the last token: it must be padded to max_length.
         padding = "max_length" if self.model_type.startswith("siglip") else True
         tokens = self.tokenizer(texts, padding=padding, truncation=True, max_length=self.max_length,

@@ -65,6 +65,11 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
     MetricInfo("recall", True, True, "text retrieval: relevant docs within k / relevant docs"),
     MetricInfo("precision", True, True, "text retrieval: relevant docs within k / k"),
     MetricInfo("mrr", True, True, "text retrieval: 1 / rank of the first relevant doc within k, else 0"),
+    MetricInfo("recall_subset", True, True, "composed_retrieval on CIRR: fraction of queries whose target is within "
+                                            "the first k of its img_set less the reference image, in the full "
+                                            "ranking's order (CIRR's Recall_subset@k)"),
+    MetricInfo("cirr_avg", True, False, "composed_retrieval on CIRR: (recall@5 + recall_subset@1) / 2, CIRR's "
+                                        "reported main number (its 'Avg')"),
     *[m for d, q in (("image", "text->image"), ("text", "image->text")) for m in (
         MetricInfo(f"{d}_retrieval_mrr", True, True, f"{q}: mean reciprocal rank of the best positive, 0 beyond k"),
         MetricInfo(f"{d}_retrieval_ndcg", True, True, f"{q}: nDCG@k with binary relevance"),
@@ -85,6 +90,17 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
     MetricInfo("knn_acc1", True, False, "knn_classification: fraction of test images whose k nearest train images "
                                         "(cosine) vote for their class"),
     MetricInfo("knn_mean_per_class_recall", True, False, "knn_classification: balanced accuracy of the kNN vote"),
+    # multilabel_probe (tasks/score/multilabel_probe.py): mteb's multilabel scores (VOC2007), mean and spread
+    *[m for name, what in (("lrap", "label-ranking average precision of the predicted label sets (MIEB's main "
+                                    "score)"),
+                           ("accuracy", "subset accuracy (predicted label set exactly the true one)"),
+                           ("f1", "macro F1 over the classes"),
+                           ("hamming", "mean per image of |true & predicted| / |true | predicted| (mteb's hamming)"))
+      for m in (MetricInfo(f"multilabel_{name}", True, False, f"multilabel_probe: mean over experiments of the "
+                                                               f"test {what} of a kNN fitted on few-shot train "
+                                                               f"features"),
+                MetricInfo(f"multilabel_{name}_std", False, False, f"multilabel_probe: standard deviation (ddof "
+                                                                   f"0) over experiments of the test {name}"))],
 ]}
 
 _AT_K = re.compile(r"^(?P<metric>[a-z_]+)@(?P<k>\d+)$")
@@ -108,9 +124,21 @@ def face_group_metric(name: str, metric: str) -> MetricInfo:
     return MetricInfo(name, not metric.startswith("toxicity"), False, f"{what}: within the named group")
 
 
+# image_caption_selection's sub-scores over a named group of items (CREPE's text_acc:complexity_4, VL-CheckList's
+# text_acc:color; SelectionDataset.group_metrics)
+_SELECTION_GROUP = re.compile(r"^(?P<metric>image_acc|text_acc|acc):(?P<group>[A-Za-z0-9_.-]+)$")
+
+
+def selection_group_metric(name: str, metric: str) -> MetricInfo:
+    return MetricInfo(name, True, False, f"{METRICS[metric].definition}: within the named group of items (its "
+                                         f"dataset's reference sub-score)")
+
+
 def split_metric_name(flat: str) -> tuple[MetricInfo, int | None]:
     if m := _FACE_GROUP.match(flat):
         return face_group_metric(flat, m["metric"]), None
+    if m := _SELECTION_GROUP.match(flat):
+        return selection_group_metric(flat, m["metric"]), None
     if m := _ACC_K.match(flat):
         return METRICS[m["metric"]], int(m["k"])
     if m := _AT_K.match(flat):

@@ -6,7 +6,8 @@ each distinct choice text once (ids ``corpus-<split>-<k>``, k counting distinct 
 query is reranked against its own choices only. So, per question:
 
 - the query vector is the sum of its image's and its question's embeddings (``text_embeddings + image_embeddings``,
-  what mteb's CLIP-style wrappers return for an image+text input), here the cached, L2-normalised ones;
+  what mteb's CLIP-style wrappers return for an image+text input), here the raw features (each cached row
+  times its stored norm; an entry written before norms were kept sums normalised rows, with a warning);
 - each distinct choice scores the cosine similarity ``normalize(query) @ normalize(choice)`` (mteb's ``cos_sim``,
   torch float32, one question at a time as mteb's reranking loop computes it);
 - choices are ranked as pytrec_eval ranks them: score descending, equal scores by document id descending, so of

@@ -21,7 +21,7 @@ import torch
 
 
 def selection_outcomes(images: torch.Tensor, texts: torch.Tensor, *,
-                       targets: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
+                       targets: tuple[int, ...] | None = None, strict: bool = False) -> dict[str, np.ndarray]:
     """Per item of ``images`` (items, m, d) and ``texts`` (items, n, d): ``text_right`` / ``image_right`` (its text
     and image scores), ``text_tied`` / ``image_tied`` (a tied maximum decided that score: the first index won), and
     ``text_margin`` / ``image_margin``: the smallest gap, over the item's pairs, between a pair's similarity and the
@@ -29,7 +29,12 @@ def selection_outcomes(images: torch.Tensor, texts: torch.Tensor, *,
 
     ``targets`` names the caption of each image (image j's is caption ``targets[j]``; default j). ARO and VALSE list
     the right caption after the wrong one, so a tie, where the first index wins, counts as a miss, as it does in
-    their own ``argmax`` / strict comparison."""
+    their own ``argmax`` / strict comparison.
+
+    ``strict``: a pair is right only when its similarity is strictly above every rival's, so a tie is a miss on
+    either side whatever the order (COLA's ``im0_c0 > im1_c0 and im1_c1 > im0_c1``, VL-CheckList's ``pos > neg``);
+    each pair's dot product is then summed on its own, as those references score each pair, so equal embeddings
+    tie exactly (a matrix product's kernel may sum two equal columns in different orders)."""
     n_items, m, _ = images.shape
     g = min(m, texts.shape[1]) if targets is None else len(targets)
     gt = torch.arange(g)
@@ -37,10 +42,16 @@ def selection_outcomes(images: torch.Tensor, texts: torch.Tensor, *,
     out = {name: np.zeros(n_items, dtype=bool) for name in ("text_right", "image_right", "text_tied", "image_tied")}
     out |= {name: np.full(n_items, np.nan) for name in ("text_margin", "image_margin")}
     for i in range(n_items):
-        scores = images[i] @ texts[i].t()
-        out["text_right"][i] = bool((scores.argmax(dim=1)[:g] == want).all())
+        scores = (images[i][:, None] * texts[i][None]).sum(dim=-1) if strict else images[i] @ texts[i].t()
         rows, cols = scores[:g], scores[:, want]
-        out["image_right"][i] = bool((cols.argmax(dim=0) == gt).all())
+        if strict:  # own similarity above the best rival (-inf where there is none)
+            right, rival_rows, rival_cols = scores[gt, want], rows.clone(), cols.clone()
+            rival_rows[gt, want], rival_cols[gt, gt] = -torch.inf, -torch.inf
+            out["text_right"][i] = bool((right > rival_rows.max(dim=1).values).all())
+            out["image_right"][i] = bool((right > rival_cols.max(dim=0).values).all())
+        else:
+            out["text_right"][i] = bool((scores.argmax(dim=1)[:g] == want).all())
+            out["image_right"][i] = bool((cols.argmax(dim=0) == gt).all())
         out["text_tied"][i] = bool(((rows == rows.max(dim=1, keepdim=True).values).sum(dim=1) > 1).any())
         out["image_tied"][i] = bool(((cols == cols.max(dim=0, keepdim=True).values).sum(dim=0) > 1).any())
         right = scores[gt, want]

@@ -167,12 +167,13 @@ def score_retrieval(store: EmbeddingStore, images: EmbeddingRef, captions: Embed
 
 
 def score_selection(store: EmbeddingStore, images: EmbeddingRef, captions: EmbeddingRef, item_images: np.ndarray,
-                    n_images: int, *, keep_samples: bool = False, targets: tuple[int, ...] | None = None
-                    ) -> tuple[dict[str, float], int, dict[str, int], dict[str, np.ndarray] | None]:
+                    n_images: int, *, keep_samples: bool = False, targets: tuple[int, ...] | None = None,
+                    strict: bool = False) -> tuple[dict[str, float], int, dict[str, int], dict[str, np.ndarray] | None]:
     """Image-caption selection over the cache: items whose images were all encoded (an image skipped as
     undecodable drops its items, counted in ``skipped_images``); (metrics, items scored, tie-sensitive items and,
-    with ``keep_samples``, each scored item's outcomes with its ``sample_index``, the item's position); ``targets``:
-    each image's caption index (:func:`~clipcache.tasks.score.selection.selection_outcomes`)."""
+    with ``keep_samples``, each scored item's outcomes with its ``sample_index``, the item's position); ``targets``
+    (each image's caption index) and ``strict`` (a tie is a miss) as in
+    :func:`~clipcache.tasks.score.selection.selection_outcomes`."""
     from clipcache.tasks.score.selection import selection_metrics, selection_outcomes
 
     image_entry, caption_entry = store.open(images.key), store.open(captions.key)
@@ -193,7 +194,7 @@ def score_selection(store: EmbeddingStore, images: EmbeddingRef, captions: Embed
     text_vectors = load_rows(caption_entry, torch.device("cpu"), caption_row[order])
     text_vectors = text_vectors.view(n_items, int(n_captions[0]), -1)[torch.from_numpy(keep)]
     outcomes = selection_outcomes(image_vectors.view(int(keep.sum()), per_item, -1), text_vectors,
-                                  targets=targets)
+                                  targets=targets, strict=strict)
     metrics, tied = selection_metrics(outcomes)
     samples = {**outcomes, "sample_index": np.flatnonzero(keep)} if keep_samples else None
     return with_skipped_images(metrics, image_entry), int(keep.sum()), {"acc": tied}, samples
