@@ -228,6 +228,9 @@ def test_dbt_build_and_report_in_a_real_browser(history, tmp_path):
     shot = tmp_path / "report.png"
     subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    # wait for the page to finish loading and painting: on a busy machine a screenshot taken at once
+                    # once missed the curves' line
+                    "--virtual-time-budget=5000",
                     f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1280,1600",
                     html_path.as_uri()], check=True, capture_output=True, timeout=120)
     from PIL import Image
