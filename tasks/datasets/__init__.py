@@ -91,6 +91,7 @@ SOURCES.register("multilabel", "clipcache.tasks.datasets.multilabel_layouts:Mult
 SOURCES.register("vidore", "clipcache.tasks.datasets.vidore:VidoreFolders")
 
 
+SOURCES.register("winogavil", "clipcache.tasks.datasets.winogavil:WinogavilSource")  # misc/winogavil
 @cache
 def catalog() -> dict[str, dict[str, str]]:
     with open(Path(__file__).with_name("catalog.csv"), encoding="utf-8") as f:

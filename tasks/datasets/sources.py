@@ -5,11 +5,15 @@
  10   beir         --dataset_root is a BEIR folder (corpus.jsonl + queries.jsonl), any name: text_retrieval
  15   any2any      the same folder read by --task any2any_retrieval (under auto, beir comes first)
  20   registered   a reader in DATASETS: the built-in ones (shapes, custom, imagefolder, winoground, ...) and plugins'
+ 22   winogavil    misc/winogavil from DataComp's Hugging Face cache of nlphuji/winogavil (tasks/datasets/winogavil.py)
  25   group_layouts  DataComp's WILDS and fairness sets with per-sample metadata (tasks/datasets/group_layouts.py)
  30   original     clip_benchmark's original layouts (layouts.json); a hosted name only with --dataset_root
  40   webdataset   wds/<name>, or a hosted name, with --dataset_root: clip_benchmark's webdataset folder
  50   hosted       a catalog.csv name (or wds/<name>) without --dataset_root: downloaded, then read as webdataset
+ 59   vidore       ViDoRe's folders (v1 question rows, v2 / MIEB BEIR Parquet): visual_document_retrieval (vidore.py)
  60   visual_sts   MIEB's visual STS folders; 61 multiple_choice: its multiple-choice folders (mieb_layouts.py)
+ 62   composed     CIRR / FashionIQ / MIEB's composed-query folders (composed_layouts.py); 62 multilabel: VOC 2007's
+                   devkit or label-list folders for multilabel_probe (multilabel_layouts.py)
 ====  ===========  ==================================================================================================
 
 Claims read names and at most a few ``stat`` calls; everything heavier is imported inside ``open``.

@@ -46,6 +46,7 @@ TASKS.register("face_attributes", "clipcache.tasks.evaluation.face_attributes:Fa
 TASKS.register("multilabel_probe", "clipcache.tasks.evaluation.multilabel_probe:MultilabelProbe")
 TASKS.register("visual_document_retrieval",
                "clipcache.tasks.evaluation.visual_document_retrieval:VisualDocumentRetrieval")
+TASKS.register("winogavil", "clipcache.tasks.evaluation.winogavil:Winogavil")  # DataComp's misc/winogavil
 
 
 def get_task(name: str) -> EvalTask:

@@ -47,6 +47,14 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
     MetricInfo("acc_top5_wg", True, False, "worst-group top-5 accuracy over the dataset's DataComp grouping"),
     MetricInfo("acc_worst_region", True, False, "lowest top-1 accuracy over the regions with samples"),
     MetricInfo("acc_worst_year", True, False, "lowest top-1 accuracy over the years with samples"),
+    # WinoGAViL (tasks/score/winogavil.py), named as DataComp writes them
+    MetricInfo("avg_jaccard_score", True, False, "winogavil: mean over games of the Jaccard index of the k "
+                                                 "candidates closest to the cue (k = its associations) and the "
+                                                 "associations"),
+    *[MetricInfo(f"jaccard_score_{g}", True, False, f"winogavil: the mean Jaccard index over the games with {what}")
+      for g, what in (("5", "5 candidates"), ("6", "6 candidates"), ("10", "10 candidates"),
+                      ("12", "12 candidates"), ("5-6", "at most 6 candidates"),
+                      ("10-12", "at least 10 candidates (DataComp's main metric)"))],
     MetricInfo("skipped_images", False, False, "images left out as undecodable (--on_bad_image skip)"),
     # FairFace / UTKFace (tasks/suites/face_attributes.py): DataComp's FairFaceEvaluator, WILDS' names; the per-group
     # values (acc_race_race_binary:0, ...) are named by face_group_metric

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from clipcache.storage.sample_metadata import LINK_UNIT
+from clipcache.tasks.score import winogavil
 from clipcache.tasks.score.intervals import (
     DEFAULT_RESAMPLES,
     class_recall_statistic,
@@ -156,8 +157,8 @@ def _samples(con: Any, experiment_id: str, unit: str | None) -> dict[str, np.nda
     where = "experiment_id = ?" + (" AND unit = ?" if unit else "")
     params = [experiment_id, unit] if unit else [experiment_id]
     columns = [c[0] for c in con.execute("DESCRIBE latest_samples").fetchall()]
-    wanted = [c for c in ("unit", "sample_index", "target", "prediction", "correct1", "correct5", "hits_at")
-              if c in columns]
+    wanted = [c for c in ("unit", "sample_index", "target", "prediction", "correct1", "correct5", "hits_at",
+                          "value") if c in columns]
     cursor = con.execute(f"SELECT {', '.join(wanted)} FROM latest_samples WHERE {where} ORDER BY sample_index",
                          params)
     rows = cursor.fetchall()
@@ -181,6 +182,16 @@ def _draws(con: Any, result: DatasetResult, resamples: int, seed: int) -> None:
             per_unit.append(paired_draws(mean_statistic(hits), len(hits), resamples=resamples,
                                          seed=_seed(entry.dataset, unit, seed)))
         result.draws = (per_unit[0] + per_unit[1]) / 2
+        return
+    if metric in winogavil.GROUPS:  # WinoGAViL's games: a group's mean Jaccard index (tasks/score/winogavil.py)
+        games = _samples(con, experiment, winogavil.GAME_UNIT)
+        if "value" not in games or not len(games["value"]):
+            result.why_no_draws = "no per-game rows"
+            return
+        group_mean = winogavil.jaccard_statistic(games["value"].astype(np.float64),
+                                                 games["target"].astype(np.int64), metric)
+        result.draws = paired_draws(group_mean, len(games["value"]), resamples=resamples,
+                                    seed=_seed(entry.dataset, winogavil.GAME_UNIT, seed))
         return
     rows = _samples(con, experiment, "image")
     if "target" not in rows or not len(rows["target"]):

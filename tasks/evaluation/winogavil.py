@@ -1,0 +1,107 @@
+"""WinoGAViL (``misc/winogavil``, DataComp's one task outside webdataset and retrieval): for each game, the
+candidates closest to the cue are chosen, as many as it has associations, and the game scores the Jaccard index of
+the chosen and true sets. The rule, DataComp's exactly, is in tasks/score/winogavil.py; the layout (DataComp's
+Hugging Face cache) in tasks/datasets/winogavil.py.
+
+Two cache entries, each holding what it encodes once: the distinct candidate images (``candidate_image``) and the
+distinct cue prompts (``cue_text``, DataComp's "A <cue>" / "An <cue>"); a rescore reads the games and the cache only.
+Each game is a sample row (unit ``game``): its Jaccard index in ``value``, its number of candidates in ``target``;
+each metric is the mean of ``value`` over its group's games (see tasks/score/winogavil.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from clipcache.storage.errors import DatasetError
+from clipcache.tasks.evaluation.base import (
+    DataSource,
+    Encoded,
+    EncodeSettings,
+    EvalTask,
+    Prepared,
+    PromptSettings,
+    Scored,
+    ScoreSettings,
+)
+
+if TYPE_CHECKING:
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.progress import StageProgress
+
+IMAGE, CUE = "candidate_image", "cue_text"
+
+
+class Winogavil(EvalTask):
+    name = "winogavil"
+    short = "winogavil"
+    description = ("jaccard: the k candidates closest to the cue (k = its associations) against the associations "
+                   "(DataComp's WinoGAViL)")
+    needs = (IMAGE, CUE)
+    main_metrics = (("jaccard_score_10-12", None, "winogavil_jaccard_10_12", 1),)
+
+    def serves(self, role: str, kind: str) -> bool:
+        return role in self.needs  # no other task writes these roles
+
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+        from clipcache.tasks.datasets import format_root
+        from clipcache.tasks.datasets.winogavil import open_winogavil
+
+        if not source.root:
+            raise DatasetError("winogavil needs --dataset_root: DataComp's data root (its hf_cache folder holds "
+                               "nlphuji___winogavil/.../winogavil-test.arrow)")
+        data = open_winogavil(source.name, format_root(source.root, source.name), source.split, source.limit)
+        return Prepared(data, len(data.truth), source)
+
+    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
+               settings: EncodeSettings, progress: StageProgress, *,
+               sharded: dict[str, Any] | None = None) -> Encoded:
+        from clipcache.storage.hashing import digest
+        from clipcache.tasks.encode.stage import check_cached, encode_images, encode_texts, image_key_fields
+
+        started = time.perf_counter()
+        data = prepared.data
+        limit = prepared.source.limit
+        image_fields = {**image_key_fields(session, data.images.identity(memo), data.split, limit), "role": IMAGE}
+        memo.save()
+        # keyed by its texts: new games over the same cues re-encode no text
+        cue_fields = {"role": CUE, "model": session.resolved.identity, "precision": session.precision,
+                      "dataset": {"format": "winogavil", "texts": digest(data.cues)}, "split": data.split,
+                      "limit": limit}
+        if settings.cached_only:
+            check_cached(store, [(image_fields, f"candidate image embeddings of {data.name}"),
+                                 (cue_fields, f"cue embeddings of {data.name}")])
+        outcomes = {IMAGE: encode_images(session, data.images, store, image_fields, settings, progress),
+                    CUE: encode_texts(session, data.cues, store, cue_fields, kind="cue",
+                                      batch_size=settings.batch_size, progress=progress, label=data.name,
+                                      meta={"dataset": data.name, "split": data.split})}
+        return Encoded(outcomes, seconds=time.perf_counter() - started)
+
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+        import numpy as np
+
+        from clipcache.tasks.score.cached_rows import image_rows, text_vectors
+        from clipcache.tasks.score.winogavil import GROUPS, game_evidence, game_outcomes, in_group, winogavil_metrics
+
+        started = time.perf_counter()
+        data = prepared.data
+        entry = store.open(encoded.outcomes[IMAGE].ref.key)
+        rows = image_rows(entry, len(data.images))
+        # a game with an undecodable candidate is not played (its k and its Jaccard index would change)
+        kept = np.flatnonzero([bool((rows[g] >= 0).all()) for g in data.game_images])
+        if not len(kept):
+            raise DatasetError(f"dataset {data.name!r}: no game is left with every candidate image decodable")
+        images = entry.embeddings()
+        cues = text_vectors(store.open(encoded.outcomes[CUE].ref.key), len(data.cues))
+        outcomes = game_outcomes(cues[data.game_cue[kept]], [images[rows[data.game_images[g]]] for g in kept],
+                                 [data.truth[g] for g in kept])
+        metrics = winogavil_metrics(outcomes["value"], outcomes["target"])
+        skipped = len(data.images) - entry.count
+        if skipped:
+            metrics["skipped_images"] = float(skipped)
+        keys = [data.keys[g] for g in kept] if data.keys else None
+        evidence = game_evidence(outcomes, kept, resamples=settings.bootstrap, keys=keys)
+        tied = {m: int((outcomes["tied"] & in_group(outcomes["target"], m)).sum()) for m in GROUPS}
+        return Scored(metrics, len(kept), tied, time.perf_counter() - started, evidence=evidence)
