@@ -9,7 +9,8 @@ Every place data can come from is a dataset source (tasks/datasets/source.py) in
 - ``registered``: the readers in ``DATASETS``: ``shapes`` / ``shapes_retrieval`` (bundled), ``custom`` (evalscope's
   ``image_queries.jsonl``), ``imagefolder`` / ``image_labels``, ``sugar_crepe/<task>`` / ``winoground``,
   ``aro/<set>`` / ``valse/<piece>`` / ``mmvp_vlm`` (tasks/datasets/compositionality.py), ``cola/multi_objects`` /
-  ``crepe/<set>`` / ``vl_checklist/<type>`` (tasks/datasets/compositionality_more.py), and readers other
+  ``crepe/<set>`` / ``vl_checklist/<type>`` (tasks/datasets/compositionality_more.py), ``svo_probes``
+  (tasks/datasets/svo_probes.py), and readers other
   packages add with an entry point in the group ``clipcache.datasets`` (tasks/datasets/reader.py).
 - ``group_layouts``: DataComp's WILDS and fairness sets with per-sample metadata (``wilds/iwildcam``,
   ``fairness/geode``, ...; tasks/datasets/group_layouts.py): its webdataset copies or WILDS' folders.
@@ -74,6 +75,7 @@ for _name in (*(f"crepe/productivity/{t}" for t in _MORE["crepe_productivity_typ
     DATASETS.register(_name, "clipcache.tasks.datasets.compositionality_more:Crepe")
 for _name in _MORE["vl_checklist_types"]:
     DATASETS.register(f"vl_checklist/{_name}", "clipcache.tasks.datasets.compositionality_more:VlChecklist")
+DATASETS.register("svo_probes", "clipcache.tasks.datasets.svo_probes:SvoProbes")  # tasks/datasets/svo_probes.py
 
 SOURCES: Registry[DatasetSource] = Registry("dataset source", DatasetError)
 SOURCES.register("beir", "clipcache.tasks.datasets.sources:BeirFolders")
@@ -89,9 +91,9 @@ SOURCES.register("mieb", "clipcache.tasks.datasets.mieb_tasks:MiebSource")
 SOURCES.register("composed_retrieval", "clipcache.tasks.datasets.composed_layouts:ComposedFolders")
 SOURCES.register("multilabel", "clipcache.tasks.datasets.multilabel_layouts:MultilabelFolders")
 SOURCES.register("vidore", "clipcache.tasks.datasets.vidore:VidoreFolders")
-
-
 SOURCES.register("winogavil", "clipcache.tasks.datasets.winogavil:WinogavilSource")  # misc/winogavil
+
+
 @cache
 def catalog() -> dict[str, dict[str, str]]:
     with open(Path(__file__).with_name("catalog.csv"), encoding="utf-8") as f:
