@@ -236,6 +236,19 @@ def test_images_by_path_in_a_moved_cache(tmp_path):
         open_winogavil("misc/winogavil", tmp_path / "here", "test", None)
 
 
+
+def test_an_image_path_outside_the_cache_is_never_opened(tmp_path):
+    """An Arrow file is data: a path in it naming a file outside its own cache (another folder, /etc/...) is refused,
+    even where that file exists."""
+    records = games()[:2]
+    write_cache(tmp_path / "a", records, by_path=True)  # its paths name a/hf_cache/downloads/...
+    arrow = next((tmp_path / "a").rglob("winogavil-test.arrow"))
+    elsewhere = tmp_path / "b" / arrow.relative_to(tmp_path / "a")
+    elsewhere.parent.mkdir(parents=True)
+    shutil.copy(arrow, elsewhere)  # b's cache, pointing into a's
+    with pytest.raises(DatasetError, match="image file .* not found"):
+        open_winogavil("misc/winogavil", tmp_path / "b", "test", None)
+
 # -- end to end -------------------------------------------------------------------------------------------------------
 def cli(command, root, tmp_path, *extra):
     return main([command, "--model", "tiny-shapes-clip", "--dataset", "misc/winogavil", "--dataset_root", str(root),

@@ -145,10 +145,11 @@ def _cache_folder(file: Path) -> Path | None:
 
 
 def _image_file(raw: str, cache: Path | None, where: str) -> Path:
-    """An image stored by path: as written, else (a cache moved from another machine) the same path below this
-    cache's ``downloads/`` folder."""
+    """An image stored by path: as written when it lies inside the cache, else (a cache moved from another machine)
+    the same path below this cache's ``downloads/`` folder; a path elsewhere (``/etc/...``) is never opened."""
     path = Path(raw)
-    if path.is_absolute() and path.is_file():
+    inside = cache is None or path.resolve().is_relative_to(cache.resolve())  # a path in the data never leaves it
+    if path.is_absolute() and inside and path.is_file():
         return path
     if cache is not None and "downloads" in path.parts:
         moved = cache.joinpath(*path.parts[len(path.parts) - path.parts[::-1].index("downloads") - 1:])
