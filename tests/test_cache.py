@@ -168,13 +168,20 @@ def test_sigkill_mid_encode_resumes_from_the_last_chunk_bit_identical(tmp_path):
     assert proc.returncode == -signal.SIGKILL, "the encode finished before it could be killed"
     store = EmbeddingStore(cache)
     assert store.keys() == [] and store.partial_keys()  # the half-written entry is not readable as complete
+    committed_seals = json.loads(progress_files()[0].read_text())["seals"]
+    assert {"embeddings", "norms", "position"} <= set(committed_seals)  # the norms commit with their rows
     resumed = run_worker(cache, n, batch)
     key, was_resumed, encoded = resumed.communicate(timeout=300)[0].split()
     assert was_resumed == "True" and int(encoded) <= n - CHUNK_ROWS
     clean = run_worker(tmp_path / "clean", n, batch)
     clean_key = clean.communicate(timeout=300)[0].split()[0]
     assert clean_key == key
-    np.testing.assert_array_equal(store.open(key).embeddings(), EmbeddingStore(tmp_path / "clean").open(key).embeddings())
+    entry, uninterrupted = store.open(key), EmbeddingStore(tmp_path / "clean").open(key)
+    # every array, the rows' norms and positions too, and every chunk's seal: bit-identical to the uninterrupted run
+    assert {"embeddings", "norms", "position"} <= set(entry.array_names()) == set(uninterrupted.array_names())
+    for name in entry.array_names():
+        np.testing.assert_array_equal(entry.array(name), uninterrupted.array(name))
+    assert entry.attrs["chunk_seals"] == uninterrupted.attrs["chunk_seals"]
 
 
 @pytest.mark.slow
