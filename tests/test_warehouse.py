@@ -231,12 +231,12 @@ def test_dbt_build_and_report_in_a_real_browser(history, tmp_path):
                     # wait for the page to finish loading and painting: on a busy machine a screenshot taken at once
                     # once missed the curves' line
                     "--virtual-time-budget=5000",
-                    f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1280,1600",
+                    f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1280,4000",
                     html_path.as_uri()], check=True, capture_output=True, timeout=120)
     from PIL import Image
 
     img = Image.open(shot).convert("RGB")
-    assert img.size == (1280, 1600)
+    assert img.size == (1280, 4000)  # tall enough for the curves below the tables, whatever the history holds
     colours = img.getcolors(maxcolors=1 << 20)
     assert colours is not None and len(colours) > 50  # text, tables, heatmap, curves: not a blank page
     # The heatmap's blue cells and the curves' orange line are on the page.
