@@ -5,6 +5,7 @@ embeddings computed with open_clip directly; hand-computed ties; bad input named
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -170,7 +171,7 @@ def crepe_reference(ref, root, rows):
         path = next(p for p in (root / "VG_100K" / f"{image_id}.jpg", root / "VG_100K_2" / f"{image_id}.jpg")
                     if p.exists())
         im = ref.images([TF.crop(Image.open(path).convert("RGB"), y, x, h, w)])
-        logits = im @ ref.texts([str(caption), *eval(negatives)]).t()  # noqa: S307 - our own fixture's literal
+        logits = im @ ref.texts([str(caption), *ast.literal_eval(negatives)]).t()  # as CREPE's code reads them
         ranking = torch.argsort(logits, descending=True)
         ranks.append(torch.where(ranking == 0)[1].numpy())
     return np.array(ranks)
@@ -316,3 +317,18 @@ def test_bad_input_is_named(tmp_path):
     with pytest.raises(DatasetError, match="splits"):
         open_dataset("vl_checklist/relation", str(vlc), "train", None)
     assert entries
+
+
+@pytest.mark.parametrize(("cell", "names"), [
+    ("['a dog', \"a man's hat\"]", ["a dog", "a man's hat"]), ("[]", []), ("['it\\'s']", ["it's"]),
+    ("__import__('os').system('x')", None), ("['a', b]", None), ("['a'] + ['b']", None), ("['\\n']", None),
+    ("[" * 100_000, None)])
+def test_list_cells_are_read_as_data_never_evaluated(cell, names):
+    """CREPE's hard negatives (and Dollar Street's topics) are Python list literals: read by a pattern that accepts
+    quoted names only, the same names ast.literal_eval gives for every cell it accepts; code, or a cell nested deep
+    enough to exhaust Python's parser, is refused."""
+    from clipcache.tasks.datasets.text_cells import quoted_list
+
+    assert quoted_list(cell) == names
+    if names is not None:
+        assert ast.literal_eval(cell) == names

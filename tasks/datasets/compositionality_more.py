@@ -15,7 +15,8 @@ code holds are in ``compositionality_more.json``, with their provenance).
   and ``syst_hard_negatives/syst_vg_hard_negs_<seen|unseen>_compounds_in_<train set>.csv`` (the folders may also be
   the root itself), and the Visual Genome images in ``VG_100K/`` then ``VG_100K_2/`` (``<image_id>.jpg``, searched
   in that order as ``crepe_eval_utils.get_image_by_id``). Each CSV row (``image_id, x, y, width, height, caption``
-  and the list literal ``hard_negs`` / ``valid_hard_negs_<type>``, read with ``ast.literal_eval`` as CREPE does) is
+  and the list literal ``hard_negs`` / ``valid_hard_negs_<type>``, read as data by tasks/datasets/text_cells.py
+  where CREPE's code uses ``ast.literal_eval``) is
   one item: the box ``(x, y, x + width, y + height)`` cropped out of the RGB image (its ``TF.crop(image, y, x,
   height, width)``), captions ``[caption, *hard negatives]``. CREPE's recall@1 is ``get_one2many_rank(...) < 1``:
   the caption first in ``torch.argsort(descending=True)``, whose CPU sort keeps tied values in index order, so a tie
@@ -38,7 +39,6 @@ code holds are in ``compositionality_more.json``, with their provenance).
 
 from __future__ import annotations
 
-import ast
 import csv
 import json
 from dataclasses import dataclass, field
@@ -53,6 +53,7 @@ from clipcache.tasks.datasets.base import EvalDataset
 from clipcache.tasks.datasets.compositionality import _only_test, _read_json
 from clipcache.tasks.datasets.reader import DatasetReader
 from clipcache.tasks.datasets.selection import Crop, SelectionDataset
+from clipcache.tasks.datasets.text_cells import quoted_list
 
 COLA_REPO = "https://github.com/arijitray1993/COLA"
 CREPE_REPO = "https://github.com/RAIVNLab/CREPE"
@@ -226,12 +227,9 @@ def load_crepe(name: str, root: Path, split: str, limit: int | None) -> Selectio
                     break
                 where = f"{path} row {row_number}"
                 box = [_number(row[k] or "") for k in ("x", "y", "width", "height")]
-                try:
-                    negatives = ast.literal_eval(row[column] or "")
-                except (ValueError, SyntaxError):
-                    negatives = None
-                if not (isinstance(negatives, list | tuple) and all(isinstance(n, str) for n in negatives)
-                        and all(v is not None for v in box) and (row["image_id"] or "").strip()):
+                negatives = quoted_list(row[column] or "")
+                if not (negatives is not None and all(v is not None for v in box)
+                        and (row["image_id"] or "").strip()):
                     raise DatasetError(f"{where}: expected an image_id, numeric x, y, width, height and a list of "
                                        f"strings in {column!r}")
                 x, y, w, h = (v for v in box if v is not None)  # PIL rounds the box as TF.crop's ints give it

@@ -30,7 +30,7 @@ How each set's files become DataComp's vector is data: the ``original`` entry of
   without a race; they are refused like any malformed name (rename or remove them).
 
 CSV files are read as text (``csv``), never evaluated: a list cell such as ``['toothbrush']`` is read by a regular
-expression that accepts a bracketed list of quoted names and nothing else. A row the rules cannot read (a region outside the list, a
+expression that accepts a bracketed list of quoted names and nothing else (tasks/datasets/text_cells.py). A row the rules cannot read (a region outside the list, a
 category that is not a class, a timestamp outside WILDS' years, a missing image, an image path leaving the folder,
 a malformed file name) is one DatasetError naming the file and the row. Prompts are not in any of these releases:
 ``classnames.txt`` and ``zeroshot_classification_templates.txt`` (DataComp's) must be in ``--dataset_root``.
@@ -48,12 +48,10 @@ from typing import Any
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets.base import ClassPrompts
+from clipcache.tasks.datasets.text_cells import quoted_list
 
 Row = dict[str, str]
 
-
-_QUOTED = re.compile(r"'([^'\\]*)'|\"([^\"\\]*)\"")  # one quoted name, no escapes
-_NAME_LIST = re.compile(r"\[\s*(?:(?:'[^'\\]*'|\"[^\"\\]*\")\s*(?:,\s*(?:'[^'\\]*'|\"[^\"\\]*\")\s*)*)?\]")
 
 @dataclass
 class OriginalRows:
@@ -217,9 +215,10 @@ def _class_index(spec: dict[str, Any], row: Row, where: str, prompts: ClassPromp
     raw = _column(row, rule["column"], where)
     candidates = [raw]
     if raw.startswith("["):  # a list cell (Dollar Street's topics): literals only, never code
-        if not _NAME_LIST.fullmatch(raw):
+        names = quoted_list(raw)
+        if names is None:
             raise DatasetError(f"{where}: {rule['column']} {raw!r} is not a list of quoted names")
-        candidates = [a if a else b for a, b in _QUOTED.findall(raw)]
+        candidates = names
     names = rule["classes"] if rule["classes"] != "classnames" else (prompts.classnames if prompts else [])
     index = {_norm(n): i for i, n in enumerate(names)}
     found = next((index[_norm(c)] for c in candidates if _norm(c) in index), None)
