@@ -23,9 +23,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,6 +32,9 @@ import pyarrow.parquet as pq
 from clipcache.storage.atomic import atomic_write
 from clipcache.storage.errors import ResultsError
 from clipcache.storage.paths import AnyPath, url
+
+if TYPE_CHECKING:  # DuckDB is imported where a view is registered: the dataset readers that import this need none
+    import duckdb
 
 TABLE = "sample_metadata"
 LINK_UNIT = "metadata"  # the unit of the one sample row that names an experiment's metadata
@@ -120,6 +122,8 @@ def _empty_view(con: duckdb.DuckDBPyConnection) -> None:
 
 def register_view(con: duckdb.DuckDBPyConnection, warehouse: AnyPath) -> None:
     """``CREATE VIEW sample_metadata`` over the metadata files under ``warehouse`` (typed and empty without any)."""
+    import duckdb
+
     folder = metadata_dir(warehouse)
     files = sorted(folder.glob("*.parquet")) if folder.exists() else []
     if not files:
