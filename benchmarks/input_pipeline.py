@@ -112,12 +112,15 @@ def independent_processes(dataset, transform, bs: int):
     return pool, (lambda: pool.submit(_floor_part, (0, n)).result()), (lambda: sum(pool.map(_floor_part, halves)))
 
 
-def peer_loader(root: Path, transform, batch_size: int, workers: int):
-    """clip_benchmark's loader for a folder of images (its cli.py: ImageFolder, DataLoader, its collate_fn)."""
+def peer_loader(root: Path, transform, batch_size: int, workers: int, repeat: int = 1):
+    """clip_benchmark's loader for a folder of images (its cli.py: ImageFolder, DataLoader, its collate_fn);
+    ``repeat`` > 1 chains the folder that many times into one dataset (one epoch: workers start once)."""
     from clip_benchmark.datasets.builder import get_dataset_collate_fn
     from torchvision.datasets import ImageFolder
 
     dataset = ImageFolder(root=str(root), transform=transform)
+    if repeat > 1:
+        dataset = torch.utils.data.ConcatDataset([dataset] * repeat)
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
                                        collate_fn=get_dataset_collate_fn("imagefolder"))
 
@@ -222,7 +225,7 @@ def cpu_section(args: argparse.Namespace, root: Path) -> None:
 
 
 def gpu_section(args: argparse.Namespace, root: Path) -> None:
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and args.gpu_device == "cuda":
         print("CUDA: not available here; skipped ViT-B-32 fp16 encode throughput and the --decode gpu measurements")
         return
     from dataclasses import replace
@@ -239,43 +242,97 @@ def gpu_section(args: argparse.Namespace, root: Path) -> None:
     from clipcache.tasks.models.spec import ModelSpec
     from clipcache.tasks.progress import StageProgress
 
-    device = torch.device("cuda")
+    device = torch.device(args.gpu_device)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     base = load_imagefolder("bench", root, "test", None)
     k = max(1, args.gpu_images // len(base))  # the same files k times: GPU rates need more than 1,200 images
     dataset = replace(base, image_paths=base.image_paths * k, origins=base.origins * k,
                       labels=np.tile(base.labels, k))
     n, bs = len(dataset), args.gpu_batch_size
-    print(f"CUDA: {torch.cuda.get_device_name(device)}; ViT-B-32 random weights, fp16 autocast, batch {bs}, "
-          f"{n} images ({len(base)} files x {k})")
-    session = ModelSession(resolve_model(ModelSpec(model_name="ViT-B-32"), FileHashMemo(None)), device, True,
-                           "amp_fp16")
-    model = session.model
-    pixels = torch.randn(bs, 3, 224, 224, device=device)
-    for _ in range(3):
-        model.image_features(pixels)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n // bs):
-        model.image_features(pixels)
-    torch.cuda.synchronize()
-    print(f"  forward pass alone          {n // bs * bs / (time.perf_counter() - t):8.0f} images/s")
-    loader = peer_loader(root, image_transform(224, is_train=False), bs, len(os.sched_getaffinity(0)))
-    t, count = time.perf_counter(), 0
-    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16):
-        for _ in range(k):
-            for images, _ in loader:  # a plain loop: DataLoader, forward, vectors to the host every batch
-                F.normalize(model.module.encode_image(images.to(device)), dim=-1).float().cpu().numpy()
-                count += len(images)
-    print(f"  plain DataLoader loop       {count / (time.perf_counter() - t):8.0f} images/s")
-    for decode in ("cpu", "gpu"):
-        with tempfile.TemporaryDirectory() as cache:
+    cores = len(os.sched_getaffinity(0))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "a dry run on the CPU"
+    print(f"CUDA: {name}, torch {torch.__version__}, {cores} cores; random weights, "
+          f"fp16 autocast, batch {bs}, {n} images ({len(base)} files x {k}); images/s, best of {args.gpu_repeats}")
+
+    from open_clip.transform import image_transform as open_clip_transform
+
+    from clipcache.tasks.encode.decode_pool import DecodePool
+
+    portable = lower(open_clip_transform(224, is_train=False))
+    ranges = [(lo, min(lo + bs, n)) for lo in range(0, n, bs)]
+    decoding: dict[str, float] = {}
+    for w in args.gpu_workers or [cores]:  # what the CPUs decode with no model at all: the ceiling of --decode cpu
+        pool = DecodePool(w)
+        drain(process_batches(pool, dataset, portable, ranges[:w]))  # started and warm, as in a flow run
+        decoding[f"clipcache decoding processes x{w}, no model"] = n / min(
+            timed(lambda pool=pool: drain(process_batches(pool, dataset, portable, ranges)))
+            for _ in range(args.gpu_repeats))
+        pool.close()
+    peer_decoding = peer_loader(root, open_clip_transform(224, is_train=False), bs, cores, repeat=k)
+    decoding[f"clip_benchmark DataLoader x{cores}, no model"] = n / min(
+        timed(lambda: drain(iter(peer_decoding))) for _ in range(args.gpu_repeats))
+    for name, rate in decoding.items():
+        print(f"  {name:48s} {rate:8.0f}")
+    sys.stdout.flush()
+
+    def measure(arch: str) -> ModelSession:
+        session = ModelSession(resolve_model(ModelSpec(model_name=arch), FileHashMemo(None)), device, True,
+                               "amp_fp16")
+        model = session.model
+        rates: dict[str, float] = {}
+
+        def best(name: str, run: Callable[[], int]) -> None:
+            for _ in range(args.gpu_repeats):
+                synchronize()
+                t = time.perf_counter()
+                count = run()
+                synchronize()
+                rates[name] = max(rates.get(name, 0.0), count / (time.perf_counter() - t))
+
+        pixels = torch.randn(bs, 3, 224, 224, device=device)
+        for _ in range(3):
+            model.image_features(pixels)
+
+        def forward_alone() -> int:
+            for _ in range(n // bs):
+                model.image_features(pixels)
+            return n // bs * bs
+
+        best("forward pass alone (the ceiling)", forward_alone)
+        loader = peer_loader(root, image_transform(224, is_train=False), bs, cores, repeat=k)
+
+        def plain_loop() -> int:
+            count = 0
+            with torch.inference_mode(), torch.autocast(device.type, dtype=torch.float16):
+                for images, _ in loader:  # clip_benchmark's loop: DataLoader, forward, vectors to the host
+                    F.normalize(model.module.encode_image(images.to(device)), dim=-1).float().cpu()
+                    count += len(images)
+            return count
+
+        best(f"plain DataLoader loop, {cores} workers (the peer)", plain_loop)
+        variants = [("cpu", w) for w in args.gpu_workers or [cores]] + [("gpu", cores)] * (device.type == "cuda")
+        for decode, w in variants:
             s = replace(session, decode=decode)
             fields = image_key_fields(s, {"bench": n}, "test", None)
-            t = time.perf_counter()
-            encode_images(s, dataset, EmbeddingStore(cache), fields, EncodeSettings(bs, decode_pool="processes"),
-                          StageProgress(enabled=False))
-            print(f"  clipcache encode --decode {decode} {n / (time.perf_counter() - t):8.0f} images/s "
-                  f"(decoding, overlap, Zarr writes)")
+
+            def ours(s=s, fields=fields, w=w) -> int:
+                with tempfile.TemporaryDirectory() as cache:
+                    encode_images(s, dataset, EmbeddingStore(cache), fields,
+                                  EncodeSettings(bs, num_workers=w, decode_pool="processes"),
+                                  StageProgress(enabled=False))
+                return n
+
+            best(f"clipcache encode --decode {decode}" + (f", {w} workers" if decode == "cpu" else ""), ours)
+        ceiling = rates["forward pass alone (the ceiling)"]
+        peer = rates[f"plain DataLoader loop, {cores} workers (the peer)"]
+        print(f"  {arch}:")
+        for name, rate in rates.items():
+            print(f"    {name:48s} {rate:8.0f}   {rate / ceiling:5.2f}x ceiling   {rate / peer:5.2f}x peer")
+        sys.stdout.flush()
+        return session
+
+    sessions = [measure(arch) for arch in args.gpu_models]
+    model = sessions[0].model
     sample = load_imagefolder("bench", root, "test", 512)
     pil = torch.stack([model.image_transform(sample.load_image(i)) for i in range(len(sample))]).to(device)
     gpu = torch.cat([b.pixels for b in gpu_batches(sample, model, 0, bs, None, device=device)])
@@ -295,14 +352,23 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", help="time only the pipelines whose name holds one of these words")
     parser.add_argument("--gpu_images", type=int, default=12_000)
     parser.add_argument("--gpu_batch_size", type=int, default=256)
+    parser.add_argument("--gpu_models", nargs="+", default=["ViT-B-32", "ViT-L-14"])
+    parser.add_argument("--gpu_repeats", type=int, default=2)
+    parser.add_argument("--gpu_workers", type=int, nargs="+", help="decoding processes for --decode cpu "
+                        "(default: one per core)")
+    parser.add_argument("--gpu_device", default="cuda", help=argparse.SUPPRESS)  # "cpu": a dry run of the section
+    parser.add_argument("--no_gpu", action="store_true", help="skip the CUDA section")
+    parser.add_argument("--no_cpu", action="store_true", help="skip the CPU section (GPU runs that time only it)")
     args = parser.parse_args()
     args.load_before = tuple(round(x, 2) for x in os.getloadavg())
     torch.set_num_threads(1)  # the no-op model needs none; the floor and the DataLoader's main process get one
     with tempfile.TemporaryDirectory() as tmp:
         root = write_jpegs(Path(tmp) / "jpegs", args.images)
-        cpu_section(args, root)
+        if not args.no_cpu:
+            cpu_section(args, root)
         sys.stdout.flush()
-        gpu_section(args, root)
+        if not args.no_gpu:
+            gpu_section(args, root)
 
 
 if __name__ == "__main__":

@@ -316,3 +316,48 @@ def test_a_dataset_class_no_worker_can_import_decodes_in_threads(session, monkey
                                     portable=portable_transform(session.model)):
         indices += batch.indices.tolist()
     assert indices == list(range(20))
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine)")
+
+
+@pytest.fixture(scope="module")
+def cuda_session():
+    s = ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), FileHashMemo(None)),
+                     torch.device("cuda"), False, "fp32")
+    _ = s.model
+    return s
+
+
+@CUDA
+def test_on_cuda_the_overlapped_encode_gives_the_plain_loops_vectors(cuda_session, jpeg_folder, tmp_path):
+    """Pinned ring, copy stream, asynchronous copies back and the writer thread change when the host waits, never
+    the bits: processes and threads give the vectors of a plain synchronous loop over the same batches."""
+    folder = load_imagefolder("jpegs", jpeg_folder, "test", None)
+    model = cuda_session.model
+    plain = np.concatenate([model.encode_images(torch.stack([model.image_transform(folder.load_image(i))
+                                                             for i in range(lo, min(lo + 16, len(folder)))]))
+                            for lo in range(0, len(folder), 16)])
+    for pool in ("processes", "threads"):
+        outcome, vectors, positions = encode(cuda_session, folder, tmp_path / pool, num_workers=2, decode_pool=pool)
+        assert outcome.encoded == len(folder) and positions.tolist() == list(range(len(folder)))
+        assert np.array_equal(vectors.view(np.uint32), plain.view(np.uint32)), pool
+
+
+@CUDA
+def test_on_cuda_nvjpeg_decoding_stays_close_to_pil_and_is_cached_apart(cuda_session, jpeg_folder, tmp_path):
+    from clipcache.tasks.encode.gpu_decode import gpu_batches
+
+    folder = load_imagefolder("jpegs", jpeg_folder, "test", None)
+    model = cuda_session.model
+    batches = list(gpu_batches(folder, model, 0, 16, 2, device=torch.device("cuda")))
+    assert [i for b in batches for i in b.indices.tolist()] == list(range(len(folder)))
+    device = torch.cat([b.pixels for b in batches])
+    assert device.is_cuda
+    pil = torch.stack([model.image_transform(folder.load_image(i)) for i in range(len(folder))]).cuda()
+    assert (device - pil).abs().mean() < 0.05
+    gpu = replace(cuda_session, decode="gpu")
+    _, cpu_vectors, _ = encode(cuda_session, folder, tmp_path, num_workers=2)
+    outcome, gpu_vectors, _ = encode(gpu, folder, tmp_path, num_workers=2)
+    assert not outcome.cache_hit and outcome.encoded == len(folder)  # its own entry beside the PIL one
+    assert float((cpu_vectors * gpu_vectors).sum(-1).min()) > 0.99

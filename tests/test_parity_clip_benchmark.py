@@ -108,4 +108,6 @@ def test_retrieval_with_repeated_captions_equals_clip_benchmarks_topk_choice(tmp
     assert_same(ours.metrics, theirs)
     assert sum(ours.tied.values()) > 0  # the data has ties that topk decides
     stable = clipcache_scored(tmp_path, root, batch_size=64, ties="stable", device=device).metrics
-    assert stable != theirs  # ... and the stable rule decides them otherwise, as documented
+    if device == "cpu":  # ... and on the CPU the stable rule decides them otherwise, as documented. CUDA's topk
+        # happened to pick the lowest index among these ties on an H100 (torch 2.11): the same recall@k both ways.
+        assert stable != theirs
