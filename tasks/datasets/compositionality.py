@@ -52,7 +52,8 @@ def valse_names() -> tuple[str, ...]:
     return tuple(f"valse/{piece}" for piece in facts()["valse_pieces"])
 
 
-def _read_json(name: str, path: Path, what: str) -> Any:
+def read_json(name: str, path: Path, what: str) -> Any:
+    """Dataset ``name``'s JSON index file; a missing or broken one is one line naming it (``what``: where to get it)."""
     try:
         return json.loads(path.read_text(encoding="utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -61,7 +62,8 @@ def _read_json(name: str, path: Path, what: str) -> Any:
         raise DatasetError(f"dataset {name!r}: {path} not found ({what})") from e
 
 
-def _only_test(name: str, split: str, splits: tuple[str, ...] = ("test",)) -> None:
+def only_splits(name: str, split: str, splits: tuple[str, ...] = ("test",)) -> None:
+    """Dataset ``name`` has only ``splits``: asking for another is one line."""
     if split not in splits:
         raise DatasetError(f"dataset {name!r} has the splits {', '.join(splits)} (asked for {split!r})")
 
@@ -102,9 +104,9 @@ def load_aro_vg(name: str, root: Path, split: str, limit: int | None) -> Selecti
     """ARO's VG-Relation / VG-Attribution: box crops, captions ``[false, true]``, items grouped for ``macro_acc``."""
     if name not in ARO_VG:
         raise DatasetError(f"dataset {name!r}: ARO's Visual Genome sets are {', '.join(ARO_VG)}")
-    _only_test(name, split)
+    only_splits(name, split)
     ann, images = root / ARO_VG[name], root / "images"
-    items = _read_json(name, ann, f"ARO's annotation file; its VG_Relation / VG_Attribution download it, {ARO_REPO}")
+    items = read_json(name, ann, f"ARO's annotation file; its VG_Relation / VG_Attribution download it, {ARO_REPO}")
     if not images.is_dir():
         raise DatasetError(f"dataset {name!r}: {images}/ not found (ARO's vgr_vga_images.zip unzipped there; "
                            f"{ARO_REPO})")
@@ -140,9 +142,9 @@ def load_aro_order(name: str, root: Path, split: str, limit: int | None) -> Sele
     """ARO's COCO-Order / Flickr30k-Order from the test cases its dataset objects build: the caption first."""
     if name not in ARO_ORDER:
         raise DatasetError(f"dataset {name!r}: ARO's order sets are {', '.join(ARO_ORDER)}")
-    _only_test(name, split, ("test", "val"))
+    only_splits(name, split, ("test", "val"))
     cases_file = root / f"{ARO_ORDER[name]}_{split}.json"
-    cases = _read_json(name, cases_file, f"the test cases of ARO's {'COCO_Order' if 'coco' in name else 'Flickr30k_Order'}"
+    cases = read_json(name, cases_file, f"the test cases of ARO's {'COCO_Order' if 'coco' in name else 'Flickr30k_Order'}"
                                          f"(split={split!r}), written with json.dump(dataset.test_cases, f); {ARO_REPO}")
     if not isinstance(cases, list):
         raise DatasetError(f"dataset {name!r}: {cases_file} must hold a list of test cases")
@@ -169,10 +171,10 @@ def load_valse(name: str, root: Path, split: str, limit: int | None) -> Selectio
     piece = name.split("/", 1)[1] if "/" in name else ""
     if piece not in facts()["valse_pieces"]:
         raise DatasetError(f"dataset {name!r}: VALSE's pieces are {', '.join(facts()['valse_pieces'])}")
-    _only_test(name, split)
+    only_splits(name, split)
     ann = next((p for p in (root / f"{piece}.json", root / "data" / f"{piece}.json") if p.is_file()),
                root / f"{piece}.json")
-    items = _read_json(name, ann, f"VALSE's data/{piece}.json, {VALSE_REPO}")
+    items = read_json(name, ann, f"VALSE's data/{piece}.json, {VALSE_REPO}")
     images = root / "images"
     if not images.is_dir():
         raise DatasetError(f"dataset {name!r}: {images}/ not found (the piece's images by image_file, from the "
@@ -206,7 +208,7 @@ def load_mmvp_vlm(name: str, root: Path, split: str, limit: int | None) -> Selec
     (its nine categories have 15 pairs each, so the mean of its per-category numbers is this too)."""
     import csv
 
-    _only_test(name, split)
+    only_splits(name, split)
     questions, images = root / "Questions.csv", root / "MLLM_VLM Images"
     if not questions.is_file() or not images.is_dir():
         raise DatasetError(f"dataset {name!r}: {questions} and {images}/ needed (the MMVP_VLM dataset folder; "

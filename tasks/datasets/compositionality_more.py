@@ -50,7 +50,7 @@ import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets.base import EvalDataset
-from clipcache.tasks.datasets.compositionality import _only_test, _read_json
+from clipcache.tasks.datasets.compositionality import only_splits, read_json
 from clipcache.tasks.datasets.reader import DatasetReader
 from clipcache.tasks.datasets.selection import Crop, SelectionDataset
 from clipcache.tasks.datasets.text_cells import quoted_list
@@ -117,7 +117,7 @@ class VlChecklistSelection(GroupedSelection):
         return out
 
 
-class _Collector:
+class ItemCollector:
     """Distinct image sources once; per item its image indices, captions, key and group."""
 
     def __init__(self, ds: SelectionDataset) -> None:
@@ -161,14 +161,14 @@ class _Collector:
 
 def load_cola(name: str, root: Path, split: str, limit: int | None) -> SelectionDataset:
     """COLA's multi-object set: pairs of images and captions, its strict text-to-image rule in ``image_acc``."""
-    _only_test(name, split)
+    only_splits(name, split)
     ann = next((p for p in (root / COLA_FILE, root / "data" / COLA_FILE) if p.is_file()), root / COLA_FILE)
-    entries = _read_json(name, ann, f"COLA's data/{COLA_FILE}, {COLA_REPO}")
+    entries = read_json(name, ann, f"COLA's data/{COLA_FILE}, {COLA_REPO}")
     if not isinstance(entries, list):
         raise DatasetError(f"dataset {name!r}: {ann} must hold a list of [image 1, caption 1, image 2, caption 2]")
     ds = SelectionDataset(name=name, split=split, task="image_caption_selection", index_files=[ann],
                           image_folder=root, strict=True)
-    collected = _Collector(ds)
+    collected = ItemCollector(ds)
     for index, entry in enumerate(entries):
         if collected.full(limit):
             break
@@ -207,11 +207,11 @@ def _number(value: str) -> float | None:
 
 def load_crepe(name: str, root: Path, split: str, limit: int | None) -> SelectionDataset:
     """A CREPE set: each row's box crop against its caption and hard negatives; recall@1 per file."""
-    _only_test(name, split)
+    only_splits(name, split)
     files, column = _crepe_files(name, root)
     ds = GroupedSelection(name=name, split=split, task="image_caption_selection",
                           index_files=[p for p, _ in files], image_folder=root)
-    collected = _Collector(ds)
+    collected = ItemCollector(ds)
     needed = {"image_id", "x", "y", "width", "height", "caption", column}
     for path, group in files:
         if not path.is_file():
@@ -264,17 +264,17 @@ def load_vl_checklist(name: str, root: Path, split: str, limit: int | None) -> S
     kind = name.split("/", 1)[1] if "/" in name else ""
     if kind not in facts()["vl_checklist_types"]:
         raise DatasetError(f"dataset {name!r}: VL-CheckList's types are {', '.join(vl_checklist_names())}")
-    _only_test(name, split)
+    only_splits(name, split)
     corpus = facts()["vl_checklist_corpus"]
     files = [p for key in facts()["vl_checklist_types"][kind] for paths in corpus[key].values() for p in paths]
     yamls = {p: root / "corpus" / "v1" / f"{p}.yaml" for p in files}
     configs = {p: _corpus_yaml(name, y) for p, y in yamls.items()}
     ds = VlChecklistSelection(name=name, split=split, task="image_caption_selection", image_folder=root,
                               targets=(1,), strict=True, index_files=[*yamls.values(), *(root / a for a, _ in configs.values())])
-    collected = _Collector(ds)
+    collected = ItemCollector(ds)
     for corpus_file, (anno, image_root) in configs.items():
         ann = root / anno
-        entries = _read_json(name, ann, f"VL-CheckList's {anno}, named by {yamls[corpus_file]}")
+        entries = read_json(name, ann, f"VL-CheckList's {anno}, named by {yamls[corpus_file]}")
         if not isinstance(entries, list):
             raise DatasetError(f"dataset {name!r}: {ann} must hold a list of [image path, {{POS, NEG}}]")
         for index, entry in enumerate(entries):

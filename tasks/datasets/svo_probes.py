@@ -42,8 +42,8 @@ import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets.base import EvalDataset
-from clipcache.tasks.datasets.compositionality import _only_test
-from clipcache.tasks.datasets.compositionality_more import GroupedSelection, _Collector
+from clipcache.tasks.datasets.compositionality import only_splits
+from clipcache.tasks.datasets.compositionality_more import GroupedSelection, ItemCollector
 from clipcache.tasks.datasets.reader import DatasetReader
 from clipcache.tasks.datasets.selection import Crop
 
@@ -85,7 +85,7 @@ def _image_id(value: str | None) -> int | None:
 def load_svo_probes(name: str, root: Path, split: str, limit: int | None) -> SvoProbesSelection:
     """Every row of ``svo_probes.csv``: images ``[positive, negative]`` against its sentence; grouped by negative
     type. ``limit`` keeps the first rows."""
-    _only_test(name, split)
+    only_splits(name, split)
     table, images = root / SVO_PROBES_FILE, root / "images"
     if not table.is_file():
         raise DatasetError(f"dataset {name!r}: {table} not found (SVO-Probes' {SVO_PROBES_FILE}, {SVO_PROBES_REPO})")
@@ -94,7 +94,7 @@ def load_svo_probes(name: str, root: Path, split: str, limit: int | None) -> Svo
                            f"neg_url, saved as images/<image id>.jpg)")
     ds = SvoProbesSelection(name=name, split=split, task="image_caption_selection", index_files=[table],
                             image_folder=images, strict=True)
-    collected = _Collector(ds)
+    collected = ItemCollector(ds)
     with open(table, encoding="utf-8-sig", newline="") as f:
         reader = csv.DictReader(f)
         missing = [c for c in _COLUMNS if c not in (reader.fieldnames or ())]

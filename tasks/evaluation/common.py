@@ -115,3 +115,55 @@ def encode_test_and_train(session: Any, prepared: Any, store: Any, memo: Any, se
                                           limit=prepared.source.limit, sharded=(sharded or {}).get(role))
                 for role, dataset in (("image", prepared.data), ("train", train))}
     return Encoded(outcomes, seconds=time.perf_counter() - started)
+
+
+def encode_images_and_texts(session: Any, data: Any, store: Any, memo: Any, settings: EncodeSettings,
+                            progress: StageProgress, *, limit: int | None, fmt: str, image_role: str,
+                            image_what: str, texts: dict[str, tuple[list[str], str, str]]) -> Encoded:
+    """The entries of a task with one set of images (``data.images``) and texts keyed by their content alone.
+
+    The images are keyed as every task's images are, under ``image_role``. ``texts`` maps each text role to (its
+    texts, the encode stage's word for one of them, what the cache-miss line calls them). A text entry's key holds
+    the texts, not the dataset, so a corrected answer or a new image re-encodes no text. With ``cached_only``, one
+    CacheMissError lists every missing entry."""
+    import time
+
+    from clipcache.storage.hashing import digest
+    from clipcache.tasks.encode.stage import check_cached, encode_images, encode_texts, image_key_fields
+
+    started = time.perf_counter()
+    image_fields = {**image_key_fields(session, data.images.identity(memo), data.split, limit), "role": image_role}
+    memo.save()
+    text_fields = {role: {"role": role, "model": session.resolved.identity, "precision": session.precision,
+                          "dataset": {"format": fmt, "texts": digest(values)}, "split": data.split, "limit": limit}
+                   for role, (values, _, _) in texts.items()}
+    if settings.cached_only:
+        check_cached(store, [(image_fields, f"{image_what} embeddings of {data.name}"),
+                             *((text_fields[role], f"{what} embeddings of {data.name}")
+                               for role, (_, _, what) in texts.items())])
+    outcomes = {image_role: encode_images(session, data.images, store, image_fields, settings, progress)}
+    for role, (values, kind, _) in texts.items():
+        outcomes[role] = encode_texts(session, values, store, text_fields[role], kind=kind,
+                                      batch_size=settings.batch_size, progress=progress, label=data.name,
+                                      meta={"dataset": data.name, "split": data.split})
+    return Encoded(outcomes, seconds=time.perf_counter() - started)
+
+
+def probe_inputs(store: Any, encoded: Encoded, n_samples: int, task: str,
+                 features: str) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """What a probe reads from its entries: each role's vectors (``features``: ``raw`` for the normalised rows x
+    their stored norms, what mteb's CLIP-style wrappers give; ``normalized`` for the rows as cached), each role's
+    targets as stored, and the test images' positions (the ``image`` entry, checked against ``n_samples``)."""
+    import numpy as np
+
+    from clipcache.tasks.score.stage import check_images
+
+    vectors, targets, positions = {}, {}, None
+    for role, outcome in encoded.outcomes.items():
+        entry = store.open(outcome.ref.key)
+        if role == "image":
+            check_images(entry, n_samples)
+            positions = np.asarray(entry.array("position"), np.int64)
+        vectors[role] = entry.raw_embeddings(task) if features == "raw" else entry.embeddings()
+        targets[role] = np.asarray(entry.array("target"))
+    return vectors, targets, positions

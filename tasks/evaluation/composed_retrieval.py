@@ -101,26 +101,12 @@ class ComposedRetrieval(EvalTask):
     def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
                settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
-        from clipcache.storage.hashing import digest
-        from clipcache.tasks.encode.stage import check_cached, encode_images, encode_texts, image_key_fields
+        from clipcache.tasks.evaluation.common import encode_images_and_texts
 
-        started = time.perf_counter()
         data = prepared.data
-        limit = prepared.source.limit
-        image_fields = {**image_key_fields(session, data.images.identity(memo), data.split, limit), "role": IMAGE}
-        memo.save()
-        # keyed by the texts: a corrected target or a new gallery re-encodes no text
-        text_fields = {"role": TEXT, "model": session.resolved.identity, "precision": session.precision,
-                       "dataset": {"format": "composed_retrieval", "texts": digest(data.texts)},
-                       "split": data.split, "limit": limit}
-        if settings.cached_only:
-            check_cached(store, [(image_fields, f"composed-query image embeddings of {data.name}"),
-                                 (text_fields, f"modifying text embeddings of {data.name}")])
-        outcomes = {IMAGE: encode_images(session, data.images, store, image_fields, settings, progress),
-                    TEXT: encode_texts(session, data.texts, store, text_fields, kind="modifier", progress=progress,
-                                       batch_size=settings.batch_size, label=data.name,
-                                       meta={"dataset": data.name, "split": data.split})}
-        return Encoded(outcomes, seconds=time.perf_counter() - started)
+        return encode_images_and_texts(session, data, store, memo, settings, progress, limit=prepared.source.limit,
+                                       fmt="composed_retrieval", image_role=IMAGE, image_what="composed-query image",
+                                       texts={TEXT: (data.texts, "modifier", "modifying text")})
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         import numpy as np

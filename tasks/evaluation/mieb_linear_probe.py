@@ -80,21 +80,15 @@ class MiebLinearProbe(EvalTask):
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         import numpy as np
 
+        from clipcache.tasks.evaluation.common import probe_inputs
         from clipcache.tasks.score.evidence import Evidence
         from clipcache.tasks.score.mieb_probe import mieb_probe
-        from clipcache.tasks.score.stage import check_images
 
         started = time.perf_counter()
         options = self.Options.of(settings)
-        features, labels = {}, {}
-        for role, outcome in encoded.outcomes.items():
-            entry = store.open(outcome.ref.key)
-            if role == "image":
-                check_images(entry, prepared.n_samples)
-                positions = np.asarray(entry.array("position"), np.int64)
-            readers = {"raw": lambda e: e.raw_embeddings(self.name), "normalized": lambda e: e.embeddings()}
-            features[role] = readers[options.probe_features](entry)
-            labels[role] = np.asarray(entry.array("target"), np.int64)
+        features, stored, positions = probe_inputs(store, encoded, prepared.n_samples, self.name,
+                                                   options.probe_features)
+        labels = {role: np.asarray(values, np.int64) for role, values in stored.items()}
         result = mieb_probe(features["train"], labels["train"], features["image"], labels["image"],
                             samples_per_label=options.samples_per_label, n_experiments=options.n_experiments,
                             seed=options.probe_seed, max_iter=options.probe_max_iter)

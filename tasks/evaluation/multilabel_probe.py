@@ -110,25 +110,18 @@ class MultilabelProbe(EvalTask):
         return Encoded(outcomes, seconds=time.perf_counter() - started)
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
-        import numpy as np
 
         from clipcache.storage.arrow_columns import Ragged
+        from clipcache.tasks.evaluation.common import probe_inputs
         from clipcache.tasks.score.evidence import Evidence
         from clipcache.tasks.score.multilabel_probe import multilabel_probe
-        from clipcache.tasks.score.stage import check_images
 
         started = time.perf_counter()
         options = self.Options.of(settings)
-        features, labels = {}, {}
-        for role, outcome in encoded.outcomes.items():
-            entry = store.open(outcome.ref.key)
-            if role == "image":
-                check_images(entry, prepared.n_samples)
-                positions = np.asarray(entry.array("position"), np.int64)
-            readers = {"raw": lambda e: e.raw_embeddings(self.name), "normalized": lambda e: e.embeddings()}
-            features[role] = readers[options.probe_features](entry)
-            labels[role] = np.asarray(entry.array("target"))
-            if labels[role].ndim != 2:
+        features, labels, positions = probe_inputs(store, encoded, prepared.n_samples, self.name,
+                                                   options.probe_features)
+        for role, values in labels.items():
+            if values.ndim != 2:
                 raise DatasetError(f"{self.name}: the {role} entry holds one class per image, not multi-hot rows")
         result = multilabel_probe(features["train"], labels["train"], features["image"], labels["image"],
                                   samples_per_label=options.multilabel_samples_per_label,

@@ -62,29 +62,14 @@ class MultipleChoice(EvalTask):
     def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
                settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
-        from clipcache.storage.hashing import digest
-        from clipcache.tasks.encode.stage import check_cached, encode_images, encode_texts, image_key_fields
+        from clipcache.tasks.evaluation.common import encode_images_and_texts
 
-        started = time.perf_counter()
         data = prepared.data
-        limit = prepared.source.limit
-        image_fields = {**image_key_fields(session, data.images.identity(memo), data.split, limit), "role": IMAGE}
-        memo.save()
-        # a text entry is keyed by its texts: a corrected answer or a new image re-encodes no text
-        texts = {QUESTION: data.questions, CHOICE: data.choices}
-        text_fields = {role: {"role": role, "model": session.resolved.identity, "precision": session.precision,
-                              "dataset": {"format": "multiple_choice", "texts": digest(values)},
-                              "split": data.split, "limit": limit} for role, values in texts.items()}
-        if settings.cached_only:
-            check_cached(store, [(image_fields, f"question image embeddings of {data.name}"),
-                                 *((fields, f"{role.replace('_', ' ')} embeddings of {data.name}")
-                                   for role, fields in text_fields.items())])
-        outcomes = {IMAGE: encode_images(session, data.images, store, image_fields, settings, progress)}
-        for role, values in texts.items():
-            outcomes[role] = encode_texts(session, values, store, text_fields[role], kind=role.split("_")[0],
-                                          batch_size=settings.batch_size, progress=progress, label=data.name,
-                                          meta={"dataset": data.name, "split": data.split})
-        return Encoded(outcomes, seconds=time.perf_counter() - started)
+        return encode_images_and_texts(session, data, store, memo, settings, progress, limit=prepared.source.limit,
+                                       fmt="multiple_choice", image_role=IMAGE, image_what="question image",
+                                       texts={role: (values, role.split("_")[0], role.replace("_", " "))
+                                              for role, values in ((QUESTION, data.questions),
+                                                                   (CHOICE, data.choices))})
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         import numpy as np

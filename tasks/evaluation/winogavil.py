@@ -58,26 +58,12 @@ class Winogavil(EvalTask):
     def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
                settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
-        from clipcache.storage.hashing import digest
-        from clipcache.tasks.encode.stage import check_cached, encode_images, encode_texts, image_key_fields
+        from clipcache.tasks.evaluation.common import encode_images_and_texts
 
-        started = time.perf_counter()
-        data = prepared.data
-        limit = prepared.source.limit
-        image_fields = {**image_key_fields(session, data.images.identity(memo), data.split, limit), "role": IMAGE}
-        memo.save()
-        # keyed by its texts: new games over the same cues re-encode no text
-        cue_fields = {"role": CUE, "model": session.resolved.identity, "precision": session.precision,
-                      "dataset": {"format": "winogavil", "texts": digest(data.cues)}, "split": data.split,
-                      "limit": limit}
-        if settings.cached_only:
-            check_cached(store, [(image_fields, f"candidate image embeddings of {data.name}"),
-                                 (cue_fields, f"cue embeddings of {data.name}")])
-        outcomes = {IMAGE: encode_images(session, data.images, store, image_fields, settings, progress),
-                    CUE: encode_texts(session, data.cues, store, cue_fields, kind="cue",
-                                      batch_size=settings.batch_size, progress=progress, label=data.name,
-                                      meta={"dataset": data.name, "split": data.split})}
-        return Encoded(outcomes, seconds=time.perf_counter() - started)
+        data = prepared.data  # new games over the same cues re-encode no text
+        return encode_images_and_texts(session, data, store, memo, settings, progress, limit=prepared.source.limit,
+                                       fmt="winogavil", image_role=IMAGE, image_what="candidate image",
+                                       texts={CUE: (data.cues, "cue", "cue")})
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         import numpy as np
