@@ -31,6 +31,7 @@ from clipcache.storage.results import new_run_id, write_run_row
 from clipcache.tasks.contract import CacheMissError, DataSource, Prepared, PromptSettings, ScoreSettings, TaskOptions
 from clipcache.tasks.evaluation import get_task
 from clipcache.tasks.evaluation.base import EvalTask
+from clipcache.tasks.models.api_spec import ApiFields
 from clipcache.tasks.models.spec import ModelSpec
 from clipcache.tasks.progress import StageProgress
 from clipcache.tasks.results import RunInfo, clipcache_version, existing_result, write_pair_results
@@ -335,7 +336,10 @@ def eval_command(settings: RunSettings, spec: ModelSpec, source: DataSource, opt
               for name in options.encode_fields]
     optional = [("--pretrained", spec.pretrained),
                 ("--model_type", None if spec.model_type == "auto" else spec.model_type),
-                ("--arch_config", spec.arch_config), ("--dataset", source.name), ("--dataset_root", source.root),
+                ("--arch_config", spec.arch_config),
+                # an api: model's settings as given (a key env's NAME at most: the key itself is never a field)
+                *((f"--{name}", getattr(spec, name)) for name in ApiFields.model_fields),
+                ("--dataset", source.name), ("--dataset_root", source.root),
                 ("--split", None if source.split == "test" else source.split),
                 ("--task", None if settings.task == "auto" else settings.task), *chosen,
                 ("--language", None if source.language == "en" else source.language),

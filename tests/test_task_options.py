@@ -234,3 +234,24 @@ def test_the_rescore_hint_names_the_options_that_choose_what_is_encoded(task, fl
     options = run.options.for_task(choose_task(task, "shapes", None).Options)[0]
     command = eval_command(run, params.models[0], replace(run.source, name="shapes"), options)
     assert command == f"clipcache eval --model tiny-shapes-clip --dataset shapes {expected}"
+
+
+def test_the_rescore_hint_of_an_api_model_carries_its_api_flags():
+    """The hint's command encodes what the rescore needs: for an api: model that takes its --api_* settings (the key
+    variable's name at most), and the command parses back into the same model."""
+    import shlex
+    from dataclasses import replace
+
+    from clipcache.flows.cli import build_parser, params_from_args
+    from clipcache.flows.pipeline import choose_task, eval_command
+
+    flags = ["--model", "api:tiny-shapes-clip", "--api_base", "http://127.0.0.1:8010/v1", "--api_revision", "v2",
+             "--api_concurrency", "4", "--api_key_env", "MY_KEY", "--dataset", "shapes"]
+    params = params_from_args(build_parser("eval").parse_args(["eval", *flags]))
+    run = params.run_settings(cached_only=True)
+    options = run.options.for_task(choose_task("zeroshot_classification", "shapes", None).Options)[0]
+    command = eval_command(run, params.models[0], replace(run.source, name="shapes"), options)
+    assert "--api_base http://127.0.0.1:8010/v1" in command and "--api_revision v2" in command
+    assert "--api_concurrency 4" in command and "--api_key_env MY_KEY" in command
+    again = params_from_args(build_parser("eval").parse_args(shlex.split(command)[1:]))
+    assert again.models[0] == params.models[0]
