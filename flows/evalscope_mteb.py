@@ -5,8 +5,13 @@ What runs: ``custom_tasks`` (evalscope >= 1.9, MTEB 2.x: ``{name, data_path, eva
 ``qrels.jsonl`` (or BEIR's ``qrels/<split>.tsv``), evaluated with sentence-transformers models (``models``, or the
 older ``model``). Each (custom task, split) is one evaluate run; the dataset is named after the task.
 
+API embedding models are entries with ``api_base`` (and ``model_name``), as evalscope writes them: they run as
+clipcache's ``api:<model_name>`` models (docs/api_models.md). An ``api_key`` in the config is put in this process's
+environment under a variable of clipcache's own naming and read from there like ``--api_key_env``; it is never
+written to a file, a flow parameter or a log.
+
 The keys are evalscope's (evalscope/backend/rag_eval/mteb/arguments.py). Keys clipcache cannot honour are errors that
-say why (hosted MTEB tasks, rerankers, API models, prompts, pooling overrides); unknown keys are errors naming the key.
+say why (hosted MTEB tasks, rerankers, an API model's ``dimensions``, prompts, pooling overrides); unknown keys are errors naming the key.
 Deliberate differences (docs/evalscope.md): ``limits`` evaluates the first N queries that have a relevant document
 against the whole corpus (evalscope 1.9 does not apply it to custom tasks); ``max_seq_length`` is accepted but the
 model's own limit is used; results are clipcache's JSON + Parquet, not MTEB's result files.
@@ -14,10 +19,11 @@ model's own limit is used; results are clipcache's JSON + Parquet, not MTEB's re
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SecretStr, field_validator, model_validator
 
 from clipcache.flows.evalscope_common import WorkDir, tool_name
 from clipcache.flows.params import EvaluateParams, validate
@@ -25,6 +31,17 @@ from clipcache.flows.params import EvaluateParams, validate
 MTEB_K_VALUES = [1, 3, 5, 10, 20, 100, 1000]  # the k MTEB's retrieval tasks report (AbsTaskRetrieval.k_values)
 CUSTOM_TASK = "CustomRetrieval"  # evalscope's default custom task name
 ENCODE_KEYS = {"batch_size", "show_progress_bar"}  # show_progress_bar: clipcache's own progress (verbosity)
+KEY_VARIABLE = "CLIPCACHE_EVALSCOPE_API_KEY_{}"
+_key_variables: dict[str, str] = {}  # an api_key given in a config -> the environment variable that holds it
+
+
+def key_variable(key: str) -> str:
+    """The name of this process's environment variable that holds ``key`` (set here, once per distinct key)."""
+    if key not in _key_variables:
+        name = KEY_VARIABLE.format(len(_key_variables) + 1)
+        os.environ[name] = key
+        _key_variables[key] = name
+    return _key_variables[key]
 
 
 def _unsupported(value: Any, empty: Any, key: str, why: str) -> None:
@@ -53,8 +70,8 @@ class MtebModel(BaseModel):
     pooling_mode: str | None = None
     prompt: str | None = None
     prompts: dict[str, str] | None = None
-    api_base: str | None = None
-    api_key: str | None = None
+    api_base: str | None = None  # an API embedding model (model_name at api_base): clipcache's api: models
+    api_key: SecretStr | None = None  # kept in this process's environment only (key_variable)
     dimensions: int | None = None
 
     _encode = field_validator("encode_kwargs")(classmethod(lambda cls, value: _encode_kwargs(value)))
@@ -65,9 +82,10 @@ class MtebModel(BaseModel):
             raise ValueError("model_name_or_path: required (a sentence-transformers model id or folder)")
         _unsupported(self.is_cross_encoder, False, "is_cross_encoder",
                      "rerankers (two-stage retrieval) are not supported; give embedding models only")
-        why = "API embedding models are not supported; give a local or hub sentence-transformers model"
-        for key in ("api_base", "api_key", "dimensions"):
-            _unsupported(getattr(self, key), None, key, why)
+        if self.api_key is not None and self.api_base is None:
+            raise ValueError("api_key: only API embedding models take it (give api_base too)")
+        _unsupported(self.dimensions, None, "dimensions", "not supported: an API model's vectors are used at the "
+                                                          "size the server returns")
         _unsupported(self.pooling_mode, None, "pooling_mode", "not supported: the model folder's own pooling "
                                                               "(modules.json) is used")
         _unsupported(self.prompt, "", "prompt", "query prompts are not supported")
@@ -79,6 +97,11 @@ class MtebModel(BaseModel):
         return self
 
     def spec(self) -> dict[str, Any]:
+        if self.api_base is not None:
+            name = self.model_name or self.model_name_or_path
+            key = {} if self.api_key is None else {"api_key_env": key_variable(self.api_key.get_secret_value())}
+            return {"model_name": name if name.startswith("api:") else f"api:{name}", "api_base": self.api_base,
+                    **key}
         return {"model_name": self.model_name_or_path or self.model_name, "model_type": "sentence_transformers",
                 "hub": self.hub}
 

@@ -355,6 +355,35 @@ class FakeClock:
         self.now += seconds
 
 
+def test_an_evalscope_mteb_config_runs_an_api_model_with_its_key_in_memory_only(embedding_server, tmp_path,
+                                                                                 monkeypatch):
+    """evalscope's way to name an API embedding model in a RAGEval tool: mteb config (model_name, api_base, api_key):
+    the local model's numbers on the same folder, the key reaches the server and no file."""
+    from test_evalscope_configs import mteb_cfg, write_retrieval_folder
+
+    from clipcache import run_task
+
+    monkeypatch.delenv("OPENAI_API_KEY")  # the config's api_key is the only key
+    folder = write_retrieval_folder(tmp_path / "data")
+    cfg = mteb_cfg(folder, tmp_path, {"model_name": "tiny-shapes-clip", "api_base": embedding_server.api_base,
+                                      "api_key": KEY})
+    [ours] = run_task(cfg)
+    assert embedding_server.authorizations and set(embedding_server.authorizations) == {f"Bearer {KEY}"}
+    local = tmp_path / "local"
+    code = main(["eval", "--model", "tiny-shapes-clip", "--task", "text_retrieval", "--dataset", "ShapesRetrieval",
+                 "--dataset_root", str(folder), "--recall_k", "1", "3", "5", "10", "20", "100", "1000",
+                 "--batch_size", "16", "--output_dir", str(local / "out"), "--cache_dir", str(local / "cache"),
+                 *QUIET])
+    assert code == 0
+    theirs = metrics(local / "out")["ShapesRetrieval"]
+    assert ours["metrics"].keys() == theirs.keys()
+    for name, value in theirs.items():
+        assert abs(ours["metrics"][name] - value) < 1e-6, name
+    assert ours["model"].startswith("api:tiny-shapes-clip")
+    for path in tmp_path.rglob("*"):
+        assert not path.is_file() or KEY.encode() not in path.read_bytes(), path
+
+
 def test_requests_per_minute_are_spread_evenly():
     clock = FakeClock()
     limiter = RateLimiter(rpm=40, tpm=None, clock=clock, sleep=clock.sleep)  # MIEB's 40 images a minute
