@@ -97,6 +97,8 @@ class FakeEmbeddingServer:
         self.image_digests: list[str] = []
         self.authorizations: list[str] = []
         self.times: list[float] = []
+        self.text_counts: list[int] = []  # texts in each text request
+        self.in_flight = self.max_in_flight = 0  # requests being answered now / at most at once
         self._lock = threading.Lock()
         self._model_lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
@@ -112,6 +114,7 @@ class FakeEmbeddingServer:
             self.changed, self.report_usage = False, True
             self.requests = 0
             self.kinds, self.image_digests, self.authorizations, self.times = [], [], [], []
+            self.text_counts, self.in_flight, self.max_in_flight = [], 0, 0
 
     def embed(self, inputs: list[tuple[str, Any]]) -> np.ndarray:
         import torch
@@ -142,6 +145,8 @@ class FakeEmbeddingServer:
             return 400, {"error": {"message": f"bad request: {e}", "type": "BadRequestError"}}, {}
         with self._lock:
             self.kinds.append("image" if inputs[0][0] == "image" else "text")
+            if inputs[0][0] == "text":
+                self.text_counts.append(len(inputs))
             self.image_digests += [hashlib.sha256(v.tobytes()).hexdigest() for k, v in inputs if k == "image"]
         vectors = self.embed(inputs)
         fmt = body.get("encoding_format", "float")
@@ -182,6 +187,16 @@ class FakeEmbeddingServer:
                     pass  # the client gave up (timeout): nothing to answer
 
             def do_POST(self) -> None:  # noqa: N802
+                with server._lock:
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    self._post()
+                finally:
+                    with server._lock:
+                        server.in_flight -= 1
+
+            def _post(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with server._lock:
                     server.requests += 1

@@ -125,6 +125,27 @@ def test_the_api_model_gives_the_local_models_numbers_and_a_rerun_sends_nothing(
     assert code == 0 and embedding_server.requests == requests and not cost_lines(err)
 
 
+def test_text_batches_go_as_concurrent_requests_of_one_batch_each(embedding_server, tmp_path, capsys):
+    """Texts go one request per --batch_size texts with up to --api_concurrency requests in flight (text
+    retrieval: no image request runs beside them); the numbers are those of one request at a time."""
+    from test_evalscope_configs import write_retrieval_folder
+
+    folder = write_retrieval_folder(tmp_path / "data")
+    seen = {}
+    for concurrency in (1, 4):
+        embedding_server.reset()
+        embedding_server.delay = 0.05
+        argv = api_eval(embedding_server, tmp_path / f"c{concurrency}", "--task", "text_retrieval", "--dataset_root",
+                        str(folder), "--batch_size", "4", "--api_concurrency", str(concurrency),
+                        datasets=("ShapesRetrieval",))
+        code, err = cli(argv, capsys)
+        assert code == 0, err
+        seen[concurrency] = (embedding_server.max_in_flight, list(embedding_server.text_counts))
+    assert seen[1][0] == 1 and seen[4][0] > 1  # before: one text request at a time at any concurrency
+    assert sorted(seen[1][1]) == sorted(seen[4][1]) and max(seen[4][1]) == 4  # the same requests: a batch each
+    assert metrics(tmp_path / "c4" / "out") == metrics(tmp_path / "c1" / "out")
+
+
 def test_the_key_reaches_the_server_and_no_file_or_log(embedding_server, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # whatever lands in the working directory is searched too
     code = main(["-v", *api_eval(embedding_server, tmp_path, datasets=("shapes", "shapes_retrieval"))])

@@ -212,11 +212,17 @@ def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore,
         plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
         with progress.track(f"encode {plural} {label}", len(texts), "txt") as advance:
             advance(start)
-            for lo in range((start // batch_size) * batch_size, len(texts), batch_size):
-                hi = min(lo + batch_size, len(texts))
-                first = max(start, lo)  # same batches as an uninterrupted run; committed rows are dropped
-                vectors, norms = (model.encode_texts_with_norms(texts[first:hi]) if model.batch_invariant  # an API
-                                  else _rows_from(model.encode_texts_with_norms(texts[lo:hi]), first - lo))
+            # a batch-invariant model (an API) takes several batches at once (concurrent requests) and is asked
+            # only for rows not yet committed; a local model gets the batches of an uninterrupted run, and the rows
+            # already committed are dropped from the first
+            window = batch_size * (model.text_batches_at_once if model.batch_invariant else 1)
+            for lo in range((start // batch_size) * batch_size, len(texts), window):
+                hi = min(lo + window, len(texts))
+                first = max(start, lo)
+                vectors, norms = (model.encode_text_batches([texts[i:min(i + batch_size, hi)]
+                                                             for i in range(first, hi, batch_size)])
+                                  if model.batch_invariant else
+                                  _rows_from(model.encode_texts_with_norms(texts[lo:hi]), first - lo))
                 writer.add(vectors, np.arange(first, hi, dtype=np.int64), norms=norms,
                            **{name: v[first:hi] for name, v in aux_values.items()})
                 advance(hi - first)

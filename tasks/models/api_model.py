@@ -4,7 +4,8 @@ resume and locks apply unchanged).
 Images: ``image_transform`` runs in the encode stage's decoding threads and turns each image into a lossless PNG
 data URL (the server does its own preprocessing); it returns a one-element tensor holding a handle to that URL, so
 batches stack like pixels. ``encode_images`` sends the batch's images concurrently, one request per image with the
-built-in format. Texts: one request per batch (``--batch_size`` texts). The model is ``batch_invariant``: on resume
+built-in format. Texts: one request per batch (``--batch_size`` texts), up to ``--api_concurrency`` batches in flight
+(``encode_text_batches``). The model is ``batch_invariant``: on resume
 the encode stage asks it only for rows not yet committed, so a killed run re-requests nothing it had stored.
 """
 
@@ -147,6 +148,16 @@ class ApiEmbeddingModel(EmbeddingModel):
         if not texts:
             return np.zeros((0, self.dim or 0), dtype=np.float32), np.zeros(0, dtype=np.float32)
         return normalised_and_norms(self._texts(texts, threading.Event()))
+
+    @property
+    def text_batches_at_once(self) -> int:  # type: ignore[override]
+        return self.settings.concurrency
+
+    def encode_text_batches(self, batches: list[list[str]]) -> tuple[np.ndarray, np.ndarray | None]:
+        jobs: list[Callable[[threading.Event], np.ndarray]] = [partial(self._texts, batch) for batch in batches if batch]
+        if not jobs:
+            return self.encode_texts_with_norms([])
+        return normalised_and_norms(np.concatenate(self.client.run_all(jobs)))
 
     def encode_images(self, pixels: torch.Tensor) -> np.ndarray:
         return self.encode_images_with_norms(pixels)[0]

@@ -51,6 +51,18 @@ class EmbeddingModel(ABC):
     def encode_texts_with_norms(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
         return self.encode_texts(texts), None
 
+    # How many text batches a batch-invariant model takes in one call of ``encode_text_batches`` (an API model: one
+    # request per batch, this many in flight); the encode stage hands it that many at once.
+    text_batches_at_once: int = 1
+
+    def encode_text_batches(self, batches: list[list[str]]) -> tuple[np.ndarray, np.ndarray | None]:
+        """Several batches' vectors (and norms) in order: here one batch after another; an API model sends them as
+        concurrent requests."""
+        parts = [self.encode_texts_with_norms(batch) for batch in batches]
+        norms = [n for _, n in parts]
+        return (np.concatenate([v for v, _ in parts]),
+                None if any(n is None for n in norms) else np.concatenate(norms))  # type: ignore[arg-type]
+
     def close(self, report: bool = True) -> None:  # noqa: B027 (a hook: most models hold nothing to release)
         """Called once when the run is over (``report``: it completed); API models print their cost line here."""
 
