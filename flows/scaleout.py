@@ -123,13 +123,14 @@ class ShardedEncoder:
         return WorkerModel(session.resolved, self.device, session.amp, session.precision, self.model_cache_dir,
                            decode=session.decode)
 
-    def _dim(self, model: WorkerModel) -> int:
+    def _dim(self, session: ModelSession, model: WorkerModel) -> int:
         key = entry_key({"model": model.resolved.identity, "precision": model.precision})
         if key not in self._dims:  # the first submission: a Dask runner connects / starts its cluster here
             try:
-                self._dims[key] = self.runner.submit(shard_tasks()[1], parameters={"model": model}).result()
+                self._dims[key], usage = self.runner.submit(shard_tasks()[1], parameters={"model": model}).result()
             except (OSError, TimeoutError) as e:
                 raise ClipcacheError(f"task_runner {self.task_runner}: cannot reach the workers ({e})") from e
+            session.add_worker_usage(usage)
         return self._dims[key]
 
     def encode_pair(self, session: ModelSession, task: EvalTask, prepared: Prepared,
@@ -174,8 +175,8 @@ class ShardedEncoder:
         with self.store.lock(key):
             if self.store.has(key):
                 return None
-            pending = prepare_entry(self.store, key_fields, plan, self._dim(model), {k: np.asarray(v)
-                                                                                    for k, v in aux.items()})
+            pending = prepare_entry(self.store, key_fields, plan, self._dim(session, model),
+                                    {k: np.asarray(v) for k, v in aux.items()})
             jobs = [ShardJob(store_root=str(self.store.root), key=key, role=role, lo=lo, hi=hi, source=prepared.source,
                              identity=identity, model=model, settings=self.settings)
                     for lo, hi in pending]
@@ -189,10 +190,12 @@ class ShardedEncoder:
 
                 for done in [sharded.encode_shard(job) for job in here]:
                     encoded += done.encoded
+                    session.add_worker_usage(done.usage)
                     advance(done.hi - done.lo)
                 for future in as_completed(futures):
                     done = future.result()
                     encoded += done.encoded
+                    session.add_worker_usage(done.usage)
                     advance(done.hi - done.lo)
             ref = publish_sharded(self.store, key_fields, role, plan, aux_names=list(aux), meta=meta,
                                       extra_arrays=extra)

@@ -21,7 +21,7 @@ import threading
 from dataclasses import asdict, dataclass
 from math import ceil
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from clipcache.tasks.datasets.base import EvalDataset
 from clipcache.tasks.encode.batches import model_batches
 from clipcache.tasks.encode.stage import ModelSession, distinct_captions
 from clipcache.tasks.models.loader import ResolvedModel
+
+if TYPE_CHECKING:
+    from clipcache.tasks.models.api_client import ApiUsage
 
 log = logging.getLogger("clipcache.encode")
 
@@ -100,6 +103,7 @@ class ShardDone:
     encoded: int
     skipped: tuple[int, ...] = ()
     cached: bool = False  # finished by an earlier, interrupted run
+    usage: ApiUsage | None = None  # what the worker's copy of an API model spent since its last report
 
 
 # -- per worker process -------------------------------------------------------------------------------------------
@@ -108,10 +112,32 @@ _sessions: dict[str, ModelSession] = {}
 _datasets: dict[str, EvalDataset] = {}
 
 
+_reported: dict[str, ApiUsage] = {}  # per worker session: the usage already handed back to the flow
+
+
+def _session_key(model: WorkerModel) -> str:
+    return canonical_json([model.resolved.identity, model.device, model.amp, model.decode])
+
+
+def usage_since_last_report(model: WorkerModel) -> ApiUsage | None:
+    """What this worker's copy of an API model spent since the last call (its canaries included, the first time):
+    handed back with each shard, so the flow's cost line counts every request its workers sent."""
+    key = _session_key(model)
+    with _lock:
+        session = _sessions.get(key)
+        model_now = session.loaded_model if session is not None else None
+        now = model_now.usage() if model_now is not None else None
+        if now is None:
+            return None
+        before = _reported.get(key)
+        _reported[key] = now
+    return now if before is None else now.minus(before)
+
+
 def worker_session(model: WorkerModel) -> ModelSession:
     from clipcache.tasks.models.devices import precision_name, resolve_device
 
-    key = canonical_json([model.resolved.identity, model.device, model.amp, model.decode])
+    key = _session_key(model)
     with _lock:
         if key not in _sessions:
             device = resolve_device(_gpu_of_this_worker() if model.device == "auto" else model.device)
@@ -205,12 +231,15 @@ def encode_shard(job: ShardJob) -> ShardDone:
         member(group, "norms")[job.lo : job.hi] = norms
         with_norms = True
     atomic_write_json(marker, {"lo": job.lo, "hi": job.hi, "skipped": skipped, "norms": with_norms})
-    return ShardDone(job.lo, job.hi, job.hi - job.lo - len(skipped), tuple(skipped))
+    return ShardDone(job.lo, job.hi, job.hi - job.lo - len(skipped), tuple(skipped),
+                     usage=usage_since_last_report(job.model))
 
 
-def probe_dim(model: WorkerModel) -> int:
-    """The embedding width, from one short text through the model (also warms the worker's model cache)."""
-    return int(worker_session(model).model.encode_texts(["a photo"]).shape[1])
+def probe_dim(model: WorkerModel) -> tuple[int, ApiUsage | None]:
+    """The embedding width, from one short text through the model (also warms the worker's model cache), and what
+    an API model spent on it."""
+    dim = int(worker_session(model).model.encode_texts(["a photo"]).shape[1])
+    return dim, usage_since_last_report(model)
 
 
 # -- coordinator --------------------------------------------------------------------------------------------------

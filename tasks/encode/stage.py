@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from contextlib import closing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from clipcache.tasks.models.loader import ResolvedModel
 from clipcache.tasks.models.resolve import load_model
 from clipcache.tasks.progress import StageProgress
 
+if TYPE_CHECKING:
+    from clipcache.tasks.models.api_client import ApiUsage
+
 log = logging.getLogger("clipcache.encode")
 
 
@@ -44,6 +47,7 @@ class ModelSession:
     _model: EmbeddingModel | None = field(default=None, repr=False)
     loads: int = 0
     progress: StageProgress | None = field(default=None, repr=False)
+    worker_usage: ApiUsage | None = field(default=None, repr=False)  # what sharded workers' copies spent
 
     @property
     def model(self) -> EmbeddingModel:
@@ -55,11 +59,29 @@ class ModelSession:
             self.loads += 1
         return self._model
 
+    @property
+    def loaded_model(self) -> EmbeddingModel | None:
+        """The model if it is loaded now (never loads it)."""
+        return self._model
+
+    def add_worker_usage(self, usage: ApiUsage | None) -> None:
+        """What a sharded worker's copy of this model spent: in this session's cost line."""
+        if usage is not None:
+            self.worker_usage = usage if self.worker_usage is None else self.worker_usage.plus(usage)
+
     def close(self, report: bool = True) -> None:
-        """The run is over: let a loaded model release what it holds (an API model prints its cost line)."""
+        """The run is over: let a loaded model release what it holds (an API model prints its cost line, with what
+        sharded workers spent)."""
+        extra, self.worker_usage = self.worker_usage, None
         if self._model is not None:
+            if extra is not None:
+                self._model.add_usage(extra)
             self._model.close(report)
             self._model = None
+        elif extra is not None:  # every request went from workers: the line still tells what they cost
+            from clipcache.tasks.models.api_model import report_usage
+
+            report_usage(self.resolved, extra, report)  # type: ignore[arg-type]  # only API models spend
 
 
 @dataclass(frozen=True)

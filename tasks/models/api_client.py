@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
 from clipcache.storage.errors import ModelError
@@ -115,6 +115,12 @@ class ApiUsage:
     def tokens(self) -> int:
         return self.tokens_reported + self.tokens_estimated
 
+    def plus(self, other: ApiUsage) -> ApiUsage:
+        return ApiUsage(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def minus(self, other: ApiUsage) -> ApiUsage:
+        return ApiUsage(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
+
 
 class _Transient(Exception):
     def __init__(self, reason: str, retry_after: float | None = None):
@@ -184,6 +190,16 @@ class ApiClient:
                                   limits=httpx.Limits(max_connections=settings.concurrency,
                                                       max_keepalive_connections=settings.concurrency))
         self._pool = DaemonPool(settings.concurrency, "clipcache-api")
+
+    def usage_now(self) -> ApiUsage:
+        """A copy of the counts so far."""
+        with self._usage_lock:
+            return replace(self.usage)
+
+    def add_usage(self, usage: ApiUsage) -> None:
+        """Count what other clients of the same model spent (sharded workers), for the cost line."""
+        with self._usage_lock:
+            self.usage = self.usage.plus(usage)
 
     # -- one request, with retries ---------------------------------------------------------------------------------
     def image_tokens_guess(self) -> int:

@@ -28,7 +28,7 @@ from PIL import Image
 
 from clipcache.storage.errors import ConfigError, ModelError
 from clipcache.tasks.models.api_canaries import CANARY_TEXTS, canary_image, check_canaries
-from clipcache.tasks.models.api_client import ApiClient, estimate_text_tokens
+from clipcache.tasks.models.api_client import ApiClient, ApiUsage, estimate_text_tokens
 from clipcache.tasks.models.api_formats import MalformedResponse, get_format
 from clipcache.tasks.models.api_loader import ApiResolvedModel
 from clipcache.tasks.models.base import EmbeddingModel
@@ -52,6 +52,26 @@ def normalised_and_norms(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     off = np.abs(norms - 1.0) > 1e-6
     rows = np.where(off, vectors / norms.astype(np.float32), vectors).astype(np.float32)
     return rows, norms[:, 0].astype(np.float32)
+
+
+def cost_line(resolved: ApiResolvedModel, u: ApiUsage) -> str:
+    """The line a run ends with: what the model's requests cost (``u``: every client's counts together)."""
+    tokens = f"{u.tokens:,} tokens" + (" (estimated)" if u.tokens_estimated and not u.tokens_reported else
+                                       f" ({u.tokens_estimated:,} estimated)" if u.tokens_estimated else "")
+    price_per_1k = resolved.settings.price_per_1k
+    price = (f", est. ${u.tokens / 1000 * price_per_1k:,.4f} at ${price_per_1k:g} per 1k tokens"
+             if price_per_1k is not None else "")
+    return (f"api model {resolved.source!r} @ {resolved.revision}: {u.requests:,} requests ({u.canary_requests} "
+            f"canary), {u.images:,} images, {u.texts:,} texts, {tokens}, {u.retries:,} retries{price}")
+
+
+def report_usage(resolved: ApiResolvedModel, usage: ApiUsage, report: bool) -> None:
+    """The cost line of a model this process never loaded (every request went from sharded workers)."""
+    line = cost_line(resolved, usage)
+    if report:
+        print(line, file=sys.stderr, flush=True)
+    else:
+        log.info("%s", line)
 
 
 def normalised(vectors: np.ndarray) -> np.ndarray:
@@ -167,13 +187,13 @@ class ApiEmbeddingModel(EmbeddingModel):
 
     # -- the end of the run ----------------------------------------------------------------------------------------
     def cost_line(self) -> str:
-        u, s = self.client.usage, self.settings
-        tokens = f"{u.tokens:,} tokens" + (" (estimated)" if u.tokens_estimated and not u.tokens_reported else
-                                           f" ({u.tokens_estimated:,} estimated)" if u.tokens_estimated else "")
-        price = (f", est. ${u.tokens / 1000 * s.price_per_1k:,.4f} at ${s.price_per_1k:g} per 1k tokens"
-                 if s.price_per_1k is not None else "")
-        return (f"{self.label} @ {self.resolved.revision}: {u.requests:,} requests ({u.canary_requests} canary), "
-                f"{u.images:,} images, {u.texts:,} texts, {tokens}, {u.retries:,} retries{price}")
+        return cost_line(self.resolved, self.client.usage_now())
+
+    def usage(self) -> ApiUsage:
+        return self.client.usage_now()
+
+    def add_usage(self, usage: ApiUsage) -> None:
+        self.client.add_usage(usage)
 
     def close(self, report: bool = True) -> None:
         if self._closed:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -11,6 +11,9 @@ import torch.nn.functional as F
 from PIL import Image
 
 from clipcache.tasks.models.devices import autocast
+
+if TYPE_CHECKING:
+    from clipcache.tasks.models.api_client import ApiUsage
 
 
 class EmbeddingModel(ABC):
@@ -62,6 +65,13 @@ class EmbeddingModel(ABC):
         norms = [n for _, n in parts]
         return (np.concatenate([v for v, _ in parts]),
                 None if any(n is None for n in norms) else np.concatenate(norms))  # type: ignore[arg-type]
+
+    def usage(self) -> ApiUsage | None:
+        """What this model has spent so far (requests, tokens: an API model); None for a model that spends nothing."""
+        return None
+
+    def add_usage(self, usage: ApiUsage) -> None:  # noqa: B027 (a hook: only API models count)
+        """Count in this model's cost line what copies of it spent elsewhere (sharded encoding's workers)."""
 
     def close(self, report: bool = True) -> None:  # noqa: B027 (a hook: most models hold nothing to release)
         """Called once when the run is over (``report``: it completed); API models print their cost line here."""
