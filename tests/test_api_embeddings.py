@@ -149,15 +149,15 @@ def test_text_batches_go_as_concurrent_requests_of_one_batch_each(embedding_serv
 def test_the_cost_line_counts_the_requests_of_sharded_workers(embedding_server, tmp_path, capsys, prefect_server):
     """--task_runner threads: each worker's copy of the model sends its own requests (canaries, probe, shards); the
     run's one cost line counts them all, as the server saw them."""
-    argv = api_eval(embedding_server, tmp_path, "--task_runner", "threads", "--workers", "2", "--shard_rows", "16",
-                    "--batch_size", "8", datasets=("shapes_retrieval",), limit=40)
+    argv = api_eval(embedding_server, tmp_path, "--task_runner", "threads", "--workers", "2", "--shard_rows", "8",
+                    "--batch_size", "8", datasets=("shapes_retrieval",), limit=24)
     argv.remove("local")  # a task runner runs inside a Prefect flow run
     argv.remove("--orchestrator")
     code, err = cli(argv, capsys)
     assert code == 0, err
     [line] = cost_lines(err)
     assert f"{embedding_server.requests} requests" in line, (line, embedding_server.requests)
-    assert "40 images" in line  # every image once, though no image was encoded in the flow's own process
+    assert "24 images" in line  # every image once, though no image was encoded in the flow's own process
 
 
 def test_the_key_reaches_the_server_and_no_file_or_log(embedding_server, tmp_path, capsys, monkeypatch):
