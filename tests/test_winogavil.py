@@ -316,6 +316,34 @@ def test_cli_eval_equals_datacomps_loop_and_the_suite_has_an_interval(tmp_path, 
     assert line["key"] == "misc/winogavil" and line["metrics"] == {**saved["metrics"], "main_metric": value}
 
 
+def test_compare_pairs_two_checkpoints_game_by_game(tmp_path, capsys):
+    """`clipcache compare` over WinoGAViL: each group's mean Jaccard index of the two checkpoints, paired over the same
+    games, its interval from resampling every game (no flips: a game's score is not right or wrong)."""
+    from conftest import perturbed_tiny_model
+
+    root = write_cache(tmp_path / "data", games())
+    perturbed = tmp_path / "perturbed"
+    perturbed_tiny_model(perturbed, spread=1.5)  # these games are easy: a larger change of the image tower
+    assert cli("eval", root, tmp_path) == 0
+    assert main(["eval", "--model", f"local-dir:{perturbed}", "--dataset", "misc/winogavil", "--dataset_root",
+                 str(root), "--orchestrator", "local", "--quiet", "--output_dir", str(tmp_path / "out"),
+                 "--cache_dir", str(tmp_path / "cache")]) == 0
+    saved = {path.relative_to(tmp_path / "out").parts[0]: json.loads(path.read_text())["metrics"]
+             for path in (tmp_path / "out").rglob("*winogavil*.json")}
+    code, out, err = run_cli(["compare", "--baseline", "tiny-shapes-clip", "--candidate", "perturbed",
+                              "--output_dir", str(tmp_path / "out"), "--format", "json"], capsys)
+    assert code == 0, err
+    rows = {r["metric"]: r for r in json.loads(out)}
+    present = {m for m, v in saved["tiny-shapes-clip"].items() if not math.isnan(v)}
+    assert rows.keys() == present and "jaccard_score_10-12" in rows
+    for metric, row in rows.items():
+        assert row["task"] == "winogavil" and row["n"] == len(games())
+        assert row["baseline"] == saved["tiny-shapes-clip"][metric] and row["candidate"] == saved["perturbed"][metric]
+        assert row["ci_low"] <= row["difference"] <= row["ci_high"]
+        assert row["flipped_to_correct"] is None and row["p_value"] is not None
+    assert rows["avg_jaccard_score"]["difference"] < 0  # the perturbed image tower is worse
+
+
 def test_datacomp_suite_runs_winogavil():
     [entry] = [e for e in load_suite("datacomp").datasets if e.dataset == "misc/winogavil"]
     assert entry.runnable and entry.task == "winogavil" and entry.main_metric == "jaccard_score_10-12"

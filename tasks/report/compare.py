@@ -70,8 +70,9 @@ def _experiments(con: Any, selector: str) -> list[dict[str, Any]]:
 
 
 # What is compared, per task: the units of sample rows with one right-or-wrong outcome per sample, and how their
-# metrics are named. Clustering and multilabel classification (no per-sample outcome) and text / any-to-any retrieval
-# (their recall is a fraction of relevant documents, not a hit) are not compared.
+# metrics are named; and WinoGAViL's games, each with its Jaccard index (a mean per group of games, no flips).
+# Clustering and multilabel classification (no per-sample outcome) and text / any-to-any retrieval (their recall is
+# a fraction of relevant documents, not a hit) are not compared.
 SELECTION_UNITS = {"item": "acc", "item_text": "text_acc", "item_image": "image_acc"}
 RETRIEVAL_UNITS = {"text_query": "image_retrieval_recall", "image_query": "text_retrieval_recall"}
 
@@ -85,13 +86,15 @@ def _units(task: str) -> list[str]:
         return list(RETRIEVAL_UNITS)
     if task == "multiple_choice":
         return ["example"]
+    if task == "winogavil":
+        return ["game"]
     return []
 
 
 def _samples(con: Any, experiment_id: str, unit: str) -> dict[str, np.ndarray]:
     """The experiment's rows of one unit from its latest completed run, in sample order."""
     table = con.sql(
-        "SELECT sample_index, sample_key, target, prediction, correct1, correct5, hits_at FROM latest_samples "
+        "SELECT sample_index, sample_key, target, prediction, correct1, correct5, hits_at, value FROM latest_samples "
         "WHERE experiment_id = ? AND unit = ? ORDER BY sample_index", params=[experiment_id, unit]).to_arrow_table()
     return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
 
@@ -112,6 +115,15 @@ def _statistics(task: str, unit: str, s: dict[str, np.ndarray],
         return out
     if unit in SELECTION_UNITS:
         out[SELECTION_UNITS[unit]] = _binary(s["correct1"])
+        return out
+    if unit == "game":  # each WinoGAViL group's mean Jaccard index, resampling all the games (target: candidates)
+        from clipcache.tasks.score.winogavil import GROUPS, in_group, jaccard_statistic
+
+        values, candidates = s["value"].astype(np.float64), s["target"].astype(np.int64)
+        for metric in GROUPS:
+            chosen = in_group(candidates, metric)
+            if chosen.any():
+                out[metric] = (jaccard_statistic(values, candidates, metric), float(values[chosen].mean()), None)
         return out
     prefix = "lp_" if task == "linear_probe" else ""
     out[f"{prefix}acc1"] = _binary(s["correct1"])

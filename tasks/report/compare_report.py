@@ -72,8 +72,10 @@ def write_compare_report(output_dir: str | os.PathLike, baseline: str, candidate
         else:
             skipped.append((a, b))
     if not pages:
-        raise ResultsError("compare: none of the paired experiments has sample rows (they are written by clipcache "
-                           "0.2 and newer; `clipcache rescore` adds them from the cache)")
+        raise ResultsError("compare: none of the paired experiments has sample rows with a right-or-wrong outcome "
+                           "to page through (they are written by clipcache 0.2 and newer, and `clipcache rescore` "
+                           "adds them from the cache; WinoGAViL's games have a score instead: `clipcache compare` "
+                           "compares them)")
     _publish(target, lambda staging: _write_pages(staging, pages, skipped, sources, baseline=baseline,
                                                   candidate=candidate, thumbnail_px=thumbnail_px))
     return target / "index.html"
