@@ -17,10 +17,13 @@ give on this machine with no coordination at all (a VM's 2 vCPUs may share a phy
 read / decode / resize+crop / tensor conversion (single thread), each pipeline's 1 -> 2 worker scaling and the
 serialised fraction it implies (Amdahl: s = 2/S - 1 for a speed-up S on 2 workers; a pool cannot beat 1/s).
 
-Where CUDA is available it also measures (else says it skipped them): ViT-B-32 fp16 encode throughput of
-clipcache's encode stage (decode processes + overlap + Zarr writes) against a plain DataLoader loop and the forward
-pass alone, and ``--decode gpu``: its throughput and its numeric difference from PIL decoding (pixels and
-vectors).
+Where CUDA is available it also measures (else says it skipped them), on ``--gpu_images`` images (the files repeated):
+what the CPUs decode with no model (clipcache's pool at each ``--gpu_workers`` count, clip_benchmark's DataLoader
+with one worker per core); then for each of ``--gpu_models`` (ViT-B-32 and ViT-L-14, random weights, fp16) the
+encode throughput of clipcache's encode stage (decode processes + overlap + Zarr writes, ``--decode cpu`` and
+``--decode gpu``) against clip_benchmark's loop (DataLoader, forward, vectors to the host) and against the forward
+pass alone; and ``--decode gpu``'s numeric difference from PIL decoding (pixels and vectors). ``--no_cpu`` /
+``--no_gpu`` skip a section. ``bash benchmarks/gpu_checks.sh`` runs it on a GPU machine with the CUDA tests.
 """
 
 from __future__ import annotations
@@ -226,7 +229,7 @@ def cpu_section(args: argparse.Namespace, root: Path) -> None:
 
 def gpu_section(args: argparse.Namespace, root: Path) -> None:
     if not torch.cuda.is_available() and args.gpu_device == "cuda":
-        print("CUDA: not available here; skipped ViT-B-32 fp16 encode throughput and the --decode gpu measurements")
+        print("CUDA: not available here; skipped the GPU encode throughput and the --decode gpu measurements")
         return
     from dataclasses import replace
 
@@ -254,11 +257,9 @@ def gpu_section(args: argparse.Namespace, root: Path) -> None:
     print(f"CUDA: {name}, torch {torch.__version__}, {cores} cores; random weights, "
           f"fp16 autocast, batch {bs}, {n} images ({len(base)} files x {k}); images/s, best of {args.gpu_repeats}")
 
-    from open_clip.transform import image_transform as open_clip_transform
-
     from clipcache.tasks.encode.decode_pool import DecodePool
 
-    portable = lower(open_clip_transform(224, is_train=False))
+    portable = lower(image_transform(224, is_train=False))
     ranges = [(lo, min(lo + bs, n)) for lo in range(0, n, bs)]
     decoding: dict[str, float] = {}
     for w in args.gpu_workers or [cores]:  # what the CPUs decode with no model at all: the ceiling of --decode cpu
@@ -268,7 +269,7 @@ def gpu_section(args: argparse.Namespace, root: Path) -> None:
             timed(lambda pool=pool: drain(process_batches(pool, dataset, portable, ranges)))
             for _ in range(args.gpu_repeats))
         pool.close()
-    peer_decoding = peer_loader(root, open_clip_transform(224, is_train=False), bs, cores, repeat=k)
+    peer_decoding = peer_loader(root, image_transform(224, is_train=False), bs, cores, repeat=k)
     decoding[f"clip_benchmark DataLoader x{cores}, no model"] = n / min(
         timed(lambda: drain(iter(peer_decoding))) for _ in range(args.gpu_repeats))
     for name, rate in decoding.items():
