@@ -23,8 +23,9 @@ step() {  # step NAME SECONDS COMMAND...: one logged, time-limited step (skipped
     shift 2
     [[ " $STEPS " == *" $name "* ]] || return 0
     echo "=== $name ($(date -u +%T))"
+    local started=$SECONDS
     timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
-    echo "exit $? after $SECONDS s"
+    echo "exit $? after $((SECONDS - started)) s"
     tail -n 25 "$OUT/$name.txt"
 }
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; nproc; lscpu | grep -E "Model name|Thread|per socket|Socket"

@@ -7,8 +7,8 @@ older ``model``). Each (custom task, split) is one evaluate run; the dataset is 
 
 API embedding models are entries with ``api_base`` (and ``model_name``), as evalscope writes them: they run as
 clipcache's ``api:<model_name>`` models (docs/api_models.md). An ``api_key`` in the config is put in this process's
-environment under a variable of clipcache's own naming and read from there like ``--api_key_env``; it is never
-written to a file, a flow parameter or a log.
+environment (inherited by the processes it starts) under a variable of clipcache's own naming and read from there
+like ``--api_key_env``; it is never written to a file, a flow parameter, a log or a validation error.
 
 The keys are evalscope's (evalscope/backend/rag_eval/mteb/arguments.py). Keys clipcache cannot honour are errors that
 say why (hosted MTEB tasks, rerankers, an API model's ``dimensions``, prompts, pooling overrides); unknown keys are errors naming the key.
@@ -58,7 +58,8 @@ def _encode_kwargs(value: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 class MtebModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    # an api_key is a field: no validation error may show the input it was given
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), hide_input_in_errors=True)
 
     model_name_or_path: str = ""
     model_name: str | None = None  # evalscope: an alias of model_name_or_path (API models use it with api_base)
@@ -185,6 +186,7 @@ class MtebToolConfig(BaseModel):
 
 
 class MtebTaskConfig(WorkDir):
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # the models' api_key (see MtebModel)
     eval_config: MtebToolConfig
 
 

@@ -208,6 +208,21 @@ def test_mteb_config_maps_onto_evaluate_params(tmp_path):
     assert p.output_dir == str(tmp_path / "out")
 
 
+@pytest.mark.parametrize("extra", [{}, {"api_base": "http://127.0.0.1:1/v1", "dimensions": 8},
+                                   {"api_base": "http://127.0.0.1:1/v1", "bogus": 1}])
+def test_a_config_error_never_shows_an_api_key(tmp_path, extra):
+    """An evalscope MTEB model entry's api_key is never in an error, its chained causes or its traceback."""
+    import traceback
+
+    key = "sk-never-shown-0123456789abcdefABCDEF"
+    cfg = mteb_cfg(tmp_path / "d", tmp_path, {"model_name": "m", **extra})
+    cfg["eval_config"]["models"][0]["api_key"] = key  # last: a shortened repr of the entry shows its end
+    with pytest.raises(ConfigError) as raised:
+        parse_task_config(cfg)
+    shown = "".join(traceback.format_exception(raised.value))
+    assert key[:10] not in shown and key[-10:] not in shown
+
+
 @pytest.mark.parametrize(("where", "value", "message"), [
     ("eval.task_names", ["T2Retrieval"], "task_names: MTEB's hosted tasks are downloaded from a hub"),
     ("eval.tasks", ["T2Retrieval"], r"tasks: only \[CustomRetrieval\] with dataset_path"),

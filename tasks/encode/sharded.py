@@ -222,9 +222,10 @@ def encode_shard(job: ShardJob) -> ShardDone:
     else:
         texts = distinct_captions(dataset)[0][job.lo : job.hi]
         batch_size = job.settings.batch_size
-        parts = [model.encode_texts_with_norms(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
-        out = np.concatenate([v for v, _ in parts]).astype(np.float32, copy=False)
-        norms = None if any(n is None for _, n in parts) else np.concatenate([n for _, n in parts if n is not None])
+        # one call for the shard's batches: an API model sends them as concurrent requests
+        vectors, norms = model.encode_text_batches([texts[i : i + batch_size]
+                                                    for i in range(0, len(texts), batch_size)])
+        out = vectors.astype(np.float32, copy=False)
     member(group, "embeddings")[job.lo : job.hi] = out
     with_norms = False
     if norms is not None and "norms" in group:  # a partial entry prepared before norms were kept has none
