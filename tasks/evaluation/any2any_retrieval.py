@@ -46,12 +46,11 @@ class Any2AnyRetrieval(EvalTask):
     main_metrics = (("ndcg", 10, "ndcg@10", 1),)
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
-        from clipcache.tasks.datasets import format_root
+        from clipcache.tasks.evaluation.common import dataset_root
 
-        if not source.root:
-            raise DatasetError("any2any_retrieval needs --dataset_root: a folder with corpus.jsonl, queries.jsonl "
-                               "(records with 'image' or 'text') and qrels/<split>.tsv")
-        data = open_any2any(source.name, format_root(source.root, source.name), source.split, source.limit)
+        root = dataset_root(source, self.name, "a folder with corpus.jsonl, queries.jsonl "
+                            "(records with 'image' or 'text') and qrels/<split>.tsv")
+        data = open_any2any(source.name, root, source.split, source.limit)
         return Prepared(data, len(data.queries.ids), source)
 
     def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,

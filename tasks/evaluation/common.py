@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clipcache.storage.errors import ConfigError, DatasetError
@@ -167,3 +168,13 @@ def probe_inputs(store: Any, encoded: Encoded, n_samples: int, task: str,
         vectors[role] = entry.raw_embeddings(task) if features == "raw" else entry.embeddings()
         targets[role] = np.asarray(entry.array("target"))
     return vectors, targets, positions
+
+
+def dataset_root(source: DataSource, task: str, what: str) -> Path:
+    """``--dataset_root`` for ``source`` (its ``{dataset}`` templates filled in), for a task that reads only local
+    files; without one, one line saying what the task reads there (``what``)."""
+    from clipcache.tasks.datasets import format_root
+
+    if not source.root:
+        raise DatasetError(f"{task} needs --dataset_root: {what}")
+    return format_root(source.root, source.name)

@@ -89,13 +89,12 @@ class ComposedRetrieval(EvalTask):
         return role in self.needs  # no other task writes these roles
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
-        from clipcache.tasks.datasets import format_root
         from clipcache.tasks.datasets.composed_layouts import open_composed
+        from clipcache.tasks.evaluation.common import dataset_root
 
-        if not source.root:
-            raise DatasetError("composed_retrieval needs --dataset_root: a folder with CIRR's, FashionIQ's or "
-                               "MIEB's composed-retrieval files")
-        data = open_composed(source.name, format_root(source.root, source.name), source.split, source.limit)
+        root = dataset_root(source, self.name, "a folder with CIRR's, FashionIQ's or "
+                            "MIEB's composed-retrieval files")
+        data = open_composed(source.name, root, source.split, source.limit)
         return Prepared(data, len(data.targets), source)
 
     def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,

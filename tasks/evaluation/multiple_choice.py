@@ -50,13 +50,12 @@ class MultipleChoice(EvalTask):
         return role in self.needs  # no other task writes these roles
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
-        from clipcache.tasks.datasets import format_root
         from clipcache.tasks.datasets.mieb_layouts import open_multiple_choice
+        from clipcache.tasks.evaluation.common import dataset_root
 
-        if not source.root:
-            raise DatasetError("multiple_choice needs --dataset_root: a folder with questions.jsonl (image, "
-                               "question, choices, answer)")
-        data = open_multiple_choice(source.name, format_root(source.root, source.name), source.split, source.limit)
+        root = dataset_root(source, self.name, "a folder with questions.jsonl (image, "
+                            "question, choices, answer)")
+        data = open_multiple_choice(source.name, root, source.split, source.limit)
         return Prepared(data, len(data.answers), source)
 
     def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,

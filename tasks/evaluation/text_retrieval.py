@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.datasets.beir import BeirData, open_beir
 from clipcache.tasks.evaluation.base import (
@@ -37,12 +36,11 @@ class TextRetrieval(EvalTask):
     main_metrics = (("ndcg", 10, "ndcg@10", 1),)
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
-        from clipcache.tasks.datasets import format_root
+        from clipcache.tasks.evaluation.common import dataset_root
 
-        if not source.root:
-            raise DatasetError("text_retrieval needs --dataset_root: a BEIR folder (corpus.jsonl, queries.jsonl, "
-                               "qrels/<split>.tsv), e.g. outputs/<captioner>/<dataset>/retrieval_data")
-        data = open_beir(source.name, format_root(source.root, source.name), source.split, source.limit)
+        root = dataset_root(source, self.name, "a BEIR folder (corpus.jsonl, queries.jsonl, "
+                            "qrels/<split>.tsv), e.g. outputs/<captioner>/<dataset>/retrieval_data")
+        data = open_beir(source.name, root, source.split, source.limit)
         return Prepared(data, len(data.query_ids), source)
 
     def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,

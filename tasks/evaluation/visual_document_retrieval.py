@@ -19,7 +19,6 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from clipcache.storage.errors import DatasetError
 from clipcache.tasks.evaluation.any2any_retrieval import Any2AnyRetrieval
 from clipcache.tasks.evaluation.base import DataSource, Encoded, Prepared, PromptSettings, Scored, ScoreSettings
 
@@ -40,15 +39,13 @@ class VisualDocumentRetrieval(Any2AnyRetrieval):
     main_metrics = (("ndcg", 5, "ndcg@5", 1),)
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
-        from clipcache.tasks.datasets import format_root
         from clipcache.tasks.datasets.vidore import open_vidore
+        from clipcache.tasks.evaluation.common import dataset_root
 
-        if not source.root:
-            raise DatasetError("visual_document_retrieval needs --dataset_root: a snapshot of a ViDoRe dataset "
-                               "(data/<split>-*.parquet with query and image, or corpus/, queries/ and qrels/ "
-                               "Parquet files)")
-        data = open_vidore(source.name, format_root(source.root, source.name), source.split, source.limit,
-                           source.language)
+        root = dataset_root(source, self.name, "a snapshot of a ViDoRe dataset "
+                            "(data/<split>-*.parquet with query and image, or corpus/, queries/ and qrels/ "
+                            "Parquet files)")
+        data = open_vidore(source.name, root, source.split, source.limit, source.language)
         return Prepared(data, len(data.queries.ids) + data.unjudged, source)
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:

@@ -47,13 +47,12 @@ class VisualSts(EvalTask):
         return role == ROLE  # no other task writes this role
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
-        from clipcache.tasks.datasets import format_root
         from clipcache.tasks.datasets.mieb_layouts import open_visual_sts
+        from clipcache.tasks.evaluation.common import dataset_root
 
-        if not source.root:
-            raise DatasetError("visual_sts needs --dataset_root: a folder with pairs.jsonl (image1, image2, score) "
-                               "or MIEB's Parquet files (data/<split>-*.parquet)")
-        data = open_visual_sts(source.name, format_root(source.root, source.name), source.split, source.limit)
+        root = dataset_root(source, self.name, "a folder with pairs.jsonl (image1, image2, score) "
+                            "or MIEB's Parquet files (data/<split>-*.parquet)")
+        data = open_visual_sts(source.name, root, source.split, source.limit)
         _enough_pairs(data.name, len(data.gold))
         return Prepared(data, len(data.gold), source)
 

@@ -46,13 +46,12 @@ class Winogavil(EvalTask):
         return role in self.needs  # no other task writes these roles
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
-        from clipcache.tasks.datasets import format_root
         from clipcache.tasks.datasets.winogavil import open_winogavil
+        from clipcache.tasks.evaluation.common import dataset_root
 
-        if not source.root:
-            raise DatasetError("winogavil needs --dataset_root: DataComp's data root (its hf_cache folder holds "
-                               "nlphuji___winogavil/.../winogavil-test.arrow)")
-        data = open_winogavil(source.name, format_root(source.root, source.name), source.split, source.limit)
+        root = dataset_root(source, self.name, "DataComp's data root (its hf_cache folder holds "
+                            "nlphuji___winogavil/.../winogavil-test.arrow)")
+        data = open_winogavil(source.name, root, source.split, source.limit)
         return Prepared(data, len(data.truth), source)
 
     def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
