@@ -231,11 +231,25 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
+class VersionAction(argparse.Action):
+    """``--version``: the release and the source commit, worked out only when asked (no git call otherwise)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version (and source commit) and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> NoReturn:
+        from clipcache._version import describe
+
+        print(describe())
+        parser.exit(0)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser; with ``command``, only that command's flags are built in full (start-up time)."""
     parser = OneLineParser(prog="clipcache", allow_abbrev=False,
                                      description="Evaluate CLIP-style models from an embedding cache.")
     parser.add_argument("-v", "--verbose", action="store_true", help="show Prefect and library logs")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in EVAL_COMMANDS:
         _eval_parser(sub, name, full=command in (None, name) and command is not None)
@@ -251,6 +265,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     serve.set_defaults(handler=_cmd_serve)
     from clipcache.flows.cli_cache import add_cache_parser
     from clipcache.flows.cli_catalog import add_catalog_parsers
+    from clipcache.flows.cli_init import add_init_parser
     from clipcache.flows.cli_query import add_query_parser, add_report_parser, add_results_parser
     from clipcache.flows.cli_server import add_server_parser
 
@@ -266,6 +281,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_report_parser(sub)
     add_catalog_parsers(sub)
     add_server_parser(sub)
+    add_init_parser(sub)
     return parser
 
 

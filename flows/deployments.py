@@ -7,6 +7,10 @@
 - ``prefect deploy --all`` + ``prefect worker start --pool clipcache``: the work-pool path, where workers (on this or
   other machines) pick up scheduled and triggered runs.
 
+Entrypoints are module paths (``clipcache.flows.deployments:evaluate_suite``), so deployments load from wherever the
+package is installed; a file path (``path/to/flows.py:flow``) is taken relative to the ``prefect.yaml``. Without a
+checkout, ``clipcache init DIR`` writes the shipped ``prefect.yaml`` and ``suites/nightly.yaml`` (flows/cli_init.py).
+
 A suite file is a YAML (or JSON) mapping with the ``evaluate`` flow's parameters (``EvaluateParams``: models,
 datasets, cache_dir, output_dir, ...) or an evalscope task config; it is read and validated when the run starts, so
 editing the file changes the next nightly run without redeploying.
@@ -58,7 +62,8 @@ def evaluate_suite(params: SuiteParams) -> list[PairResult]:
 def read_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE) -> list[dict[str, Any]]:
     path = Path(prefect_file)
     if not path.is_file():
-        raise ConfigError(f"{path} not found: run from the project folder or pass --prefect_file")
+        raise ConfigError(f"{path} not found: run from the project folder, pass --prefect_file, or write one with "
+                          f"`clipcache init`")
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as e:
@@ -87,8 +92,11 @@ def runner_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE, names: l
         raise ConfigError(f"no deployment named {', '.join(sorted(missing))} in {prefect_file}")
     out = []
     for d in chosen:
-        file, _, func = d["entrypoint"].partition(":")
-        flow_obj: Any = load_flow_from_entrypoint(f"{base / file}:{func}", use_placeholder_flow=False)
+        entrypoint = d["entrypoint"]
+        if ".py:" in entrypoint:  # a script, relative to prefect.yaml; otherwise a module path
+            file, _, func = entrypoint.rpartition(":")
+            entrypoint = f"{base / file}:{func}"
+        flow_obj: Any = load_flow_from_entrypoint(entrypoint, use_placeholder_flow=False)
         schedules = []
         for s in d.get("schedules") or []:
             if s.get("cron"):

@@ -26,12 +26,10 @@ if TYPE_CHECKING:  # numpy stays out of the CLI's start-up
 
 
 def clipcache_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    """What every run and metric row records: the release, plus the source commit when known (``0.1.0+g<commit>``)."""
+    from clipcache._version import full_version
 
-    try:
-        return version("clipcache")
-    except PackageNotFoundError:
-        return "0+unknown"
+    return full_version()
 
 
 @dataclass(frozen=True)

@@ -115,12 +115,15 @@ def test_repo_prefect_yaml_declares_the_three_deployments():
 def test_every_file_prefect_yaml_names_exists_and_the_suite_validates():
     from clipcache.flows.deployments import load_suite, read_deployments
 
-    named = []
+    import importlib.util
+
+    named, modules = [], []
     for d in read_deployments(REPO / "prefect.yaml"):
-        named.append(d["entrypoint"].partition(":")[0])
+        modules.append(d["entrypoint"].partition(":")[0])  # module paths: they load from the installed package
         params = (d.get("parameters") or {}).get("params") or {}
         named += [v for k, v in params.items() if k == "suite"]
     assert named and all((REPO / f).is_file() for f in named), [f for f in named if not (REPO / f).is_file()]
+    assert all(m.startswith("clipcache.flows.") and importlib.util.find_spec(m) for m in modules), modules
     for d in read_deployments(REPO / "prefect.yaml"):
         suite = ((d.get("parameters") or {}).get("params") or {}).get("suite")
         if suite:

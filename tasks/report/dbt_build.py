@@ -4,6 +4,10 @@ The marts database is built beside the published one and renamed over it once db
 failed or interrupted build leaves the previous report's database as it was (dbt itself rebuilds tables in place).
 dbt runs in this process; Ctrl-C during it ends as Ctrl-C anywhere else (KeyboardInterrupt, exit 130), not as a
 failed build: dbt catches the interrupt itself and returns it as its result.
+
+The dbt project (models, macros, tests) ships inside the package (``clipcache/dbt_reports``, the repository's
+dbt_reports/ folder) and is only read: its profile, dbt's target/ and logs are written under the report folder, so an
+installed, read-only site-packages works.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from typing import Any
 from clipcache.storage.errors import ResultsError
 from clipcache.storage.paths import lock
 
+# clipcache/tasks/report/ -> clipcache/dbt_reports in an installed package; resolved, the repository's dbt_reports/
 PROJECT_DIR = Path(__file__).resolve().parents[2] / "dbt_reports"
+PROFILE = "clipcache_reports"
 DATABASE = "reports.duckdb"
 # The database is built here and renamed into the report folder. A fixed path, not a random one: dbt's partial
 # parsing starts over whenever the connection settings (the database path among them) change, and the file name
@@ -115,6 +121,18 @@ def dbt_build(output_dir: str | Path, work_dir: str | Path | None = None) -> Pat
     return database
 
 
+def write_profile(folder: Path) -> Path:
+    """dbt's profiles.yml for this build, in ``folder`` (under the report folder; never in the package): DuckDB at
+    the staged database, one thread. Returns the folder, for --profiles-dir."""
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    profile = {PROFILE: {"target": "local", "outputs": {"local": {
+        "type": "duckdb", "path": "{{ env_var('CLIPCACHE_DBT_DATABASE') }}", "threads": 1}}}}
+    (folder / "profiles.yml").write_text(yaml.safe_dump(profile, sort_keys=False), encoding="utf-8")
+    return folder
+
+
 def _build(env: dict[str, str], work: Path, staged: Path, database: Path, output_dir: Path) -> None:
     from dbt.cli.main import dbtRunner
 
@@ -127,7 +145,7 @@ def _build(env: dict[str, str], work: Path, staged: Path, database: Path, output
                 # --log-level none: dbt's console output (its own tracebacks included) goes to its log file only;
                 # a failure is reported below in one line that names the log.
                 result = dbtRunner().invoke([
-                    "build", "--project-dir", str(PROJECT_DIR), "--profiles-dir", str(PROJECT_DIR),
+                    "build", "--project-dir", str(PROJECT_DIR), "--profiles-dir", str(write_profile(staged.parent)),
                     "--target-path", str(work / "dbt_target"), "--log-path", str(work / "dbt_logs"),
                     "--vars", json.dumps({**dbt_vars(), **suite_vars()}), "--log-level", "none",
                     "--log-level-file", "debug"])
