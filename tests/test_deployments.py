@@ -113,9 +113,9 @@ def test_repo_prefect_yaml_declares_the_three_deployments():
 
 
 def test_every_file_prefect_yaml_names_exists_and_the_suite_validates():
-    from clipcache.flows.deployments import load_suite, read_deployments
-
     import importlib.util
+
+    from clipcache.flows.deployments import load_suite, read_deployments
 
     named, modules = [], []
     for d in read_deployments(REPO / "prefect.yaml"):
