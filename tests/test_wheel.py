@@ -8,6 +8,7 @@ and built, gives the same wheel contents."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -52,10 +54,43 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
+# As root, file modes stop nothing: the commands then run in a mount namespace where the package is a read-only
+# bind mount (where unshare works), and in any case the package is checked unchanged afterwards.
+READ_ONLY = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" && exec "$@"'
+
+
+def _read_only_guard(package: Path) -> list[str]:
+    if os.geteuid() != 0:
+        return []  # the modes below are enough
+    guard = ["unshare", "--mount", "--propagation", "private", "sh", "-c", READ_ONLY, str(package)]
+    try:
+        probe = subprocess.run([*guard, "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return guard if probe.returncode == 0 else []
+
+
+@dataclass
+class Installed:
+    python: Path
+    package: Path
+    guard: list[str]  # the command prefix that makes the package read-only (empty: file modes do, or nothing can)
+
+    def command(self, argv: tuple[str, ...]) -> list:
+        # prefect's own command is .venv's (it runs .venv's interpreter): `python -m prefect` is it in this venv
+        head = [self.python, "-m", "prefect"] if argv[0] == "prefect" else [self.python.parent / argv[0]]
+        return [*self.guard, *head, *argv[1:]]
+
+    def run(self, cwd: Path, env: dict[str, str], *argv: str, timeout: float = 300) -> str:
+        done = subprocess.run(self.command(argv), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, f"{argv}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+        return done.stdout
+
+
 @pytest.fixture(scope="module")
 def venv(wheel, tmp_path_factory):
     """A new venv from the base interpreter with only the wheel installed (pip --python); .venv's other packages
-    through a .pth naming a folder of links. Yields (python, site-packages/clipcache); the package is read-only."""
+    through a .pth naming a folder of links. The installed package is read-only."""
     root = tmp_path_factory.mktemp("installed")
     subprocess.run([Path(sys.base_prefix, "bin", "python3"), "-m", "venv", "--without-pip", root / "venv"],
                    check=True, timeout=120)
@@ -73,7 +108,7 @@ def venv(wheel, tmp_path_factory):
     package = site / "clipcache"
     for path in [package, *package.rglob("*")]:
         path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
-    yield python, package
+    yield Installed(python, package, _read_only_guard(package))
     for path in [package, *package.rglob("*")]:
         path.chmod(path.stat().st_mode | stat.S_IWUSR)
 
@@ -89,15 +124,6 @@ def _env(python: Path, home: Path, **extra: str) -> dict[str, str]:
                 "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
                 "PREFECT_LOGGING_LEVEL": "WARNING", **extra})
     return env
-
-
-def _run(python: Path, cwd: Path, env: dict[str, str], *argv: str, timeout: float = 300) -> str:
-    # prefect's own command is .venv's (it runs .venv's interpreter): `python -m prefect` is the same in this venv
-    command = [python, "-m", "prefect"] if argv[0] == "prefect" else [python.parent / argv[0]]
-    done = subprocess.run([*command, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    assert done.returncode == 0, f"{argv}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
-    return done.stdout
 
 
 def test_the_wheel_holds_every_file_git_tracks_in_the_packages(wheel):
@@ -136,7 +162,7 @@ def test_the_sdist_unpacked_and_built_gives_the_same_wheel(wheel, tmp_path):
 
 def test_installed_wheel_runs_the_demo_report_suites_compare_and_a_worker_deployment(venv, prefect_api,  # noqa: F811
                                                                                         tmp_path):
-    python, package = venv
+    python, package, run = venv.python, venv.package, venv.run
     before = _snapshot(package)
     work = tmp_path / "team"  # outside the checkout; the project folder `clipcache init` writes
     home = tmp_path / "prefect-home"
@@ -149,47 +175,50 @@ def test_installed_wheel_runs_the_demo_report_suites_compare_and_a_worker_deploy
              "print(json.dumps([clipcache.__file__, d.__file__, sys.path, [n for n in ('flows', 'tasks', 'storage') "
              "if u.find_spec(n)]]))")
     tmp_path.joinpath("empty").mkdir()
-    where, sub, path, generic = json.loads(_run(python, tmp_path / "empty", env, "python", "-c", probe))
+    where, sub, path, generic = json.loads(run(tmp_path / "empty", env, "python", "-c", probe))
     assert Path(where) == package / "__init__.py" and Path(sub).is_relative_to(package)
     assert not generic and not [p for p in path if p and Path(p).resolve().is_relative_to(REPO.resolve())], path
-    assert _run(python, tmp_path / "empty", env, "clipcache", "--version").strip() == \
+    write = f"import pathlib\ntry:\n pathlib.Path({str(package / 'probe')!r}).touch()\nexcept OSError as e:\n print(e.errno)"
+    refused = run(tmp_path / "empty", env, "python", "-c", write).strip()
+    assert refused in {str(errno.EROFS), str(errno.EACCES)} or (os.geteuid() == 0 and not venv.guard), refused
+    assert run(tmp_path / "empty", env, "clipcache", "--version").strip() == \
         f"clipcache 0.1.0 (commit {head}) from {package}"
-    assert _run(python, tmp_path / "empty", env, "python", "-m", "clipcache", "--version").startswith("clipcache 0.1.0")
+    assert run(tmp_path / "empty", env, "python", "-m", "clipcache", "--version").startswith("clipcache 0.1.0")
 
     # the deployments' folder, the demo's evaluation in it, and the read-only commands
-    assert "wrote" in _run(python, tmp_path, env, "clipcache", "init", str(work))
-    out = _run(python, work, env, "clipcache", "eval", "--model", "tiny-shapes-clip", "--dataset", "shapes",
+    assert "wrote" in run(tmp_path, env, "clipcache", "init", str(work))
+    out = run(work, env, "clipcache", "eval", "--model", "tiny-shapes-clip", "--dataset", "shapes",
                "shapes_retrieval", "--output_dir", "outputs", "--cache_dir", "cache")
     assert "shapes_retrieval" in out and "0.9825" in out
     # a second experiment without encoding an image: the same model with another prompt template (a what-if)
     (tmp_path / "templates.json").write_text('["a blurry photo of a {c}."]')
-    _run(python, work, env, "clipcache", "rescore", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--templates",
+    run(work, env, "clipcache", "rescore", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--templates",
          str(tmp_path / "templates.json"), "--output_dir", "outputs", "--cache_dir", "cache")
-    experiments = json.loads(_run(python, work, env, "clipcache", "query", "SELECT experiment_id, min(created_at) AS t "
+    experiments = json.loads(run(work, env, "clipcache", "query", "SELECT experiment_id, min(created_at) AS t "
                                   "FROM metrics WHERE dataset = 'shapes' GROUP BY 1 ORDER BY t", "--format", "json"))
     baseline, candidate = (e["experiment_id"] for e in experiments)
-    compared = json.loads(_run(python, work, env, "clipcache", "compare", "--baseline", baseline, "--candidate",
+    compared = json.loads(run(work, env, "clipcache", "compare", "--baseline", baseline, "--candidate",
                                candidate, "--bootstrap", "200", "--format", "json"))
     assert {(r["metric"], r["n"]) for r in compared} >= {("acc1", 1200), ("acc5", 1200)}
-    _run(python, work, env, "clipcache", "report")
+    run(work, env, "clipcache", "report")
     assert (work / "outputs" / "report" / "index.html").stat().st_size > 1000
     assert (work / "outputs" / "report" / "reports.duckdb").is_file()
-    assert "cifar10" in _run(python, work, env, "clipcache", "datasets")
-    scores = json.loads(_run(python, work, env, "clipcache", "suite", "score", "shapes", "--bootstrap", "0",
+    assert "cifar10" in run(work, env, "clipcache", "datasets")
+    scores = json.loads(run(work, env, "clipcache", "suite", "score", "shapes", "--bootstrap", "0",
                              "--format", "json"))
     assert "tiny-shapes-clip" in json.dumps(scores)
 
     # the README's worker steps: a process work pool, `prefect deploy --all`, a worker, a triggered nightly run
     env = _env(python, home, PREFECT_API_URL=prefect_api, PREFECT_WORKER_QUERY_SECONDS="1",
                PREFECT_WORKER_PREFETCH_SECONDS="1")
-    _run(python, work, env, "prefect", "work-pool", "create", "clipcache", "--type", "process")
-    _run(python, work, env, "prefect", "--no-prompt", "deploy", "--all")
-    worker = subprocess.Popen([python, "-m", "prefect", "worker", "start", "--pool", "clipcache"], cwd=work,
+    run(work, env, "prefect", "work-pool", "create", "clipcache", "--type", "process")
+    run(work, env, "prefect", "--no-prompt", "deploy", "--all")
+    worker = subprocess.Popen(venv.command(("prefect", "worker", "start", "--pool", "clipcache")), cwd=work,
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     runs = "SELECT count(*) AS n, list(DISTINCT clipcache_version) AS versions FROM runs"
-    [before_worker] = json.loads(_run(python, work, env, "clipcache", "query", runs, "--format", "json"))
+    [before_worker] = json.loads(run(work, env, "clipcache", "query", runs, "--format", "json"))
     try:
-        triggered = _run(python, work, env, "prefect", "deployment", "run", "evaluate-suite/nightly-evaluate")
+        triggered = run(work, env, "prefect", "deployment", "run", "evaluate-suite/nightly-evaluate")
         run_id = re.search(r"UUID: ([0-9a-f-]{36})", triggered)[1]
         finished = _wait_for_run(prefect_api, run_id, 300, [worker])
     finally:
@@ -198,7 +227,7 @@ def test_installed_wheel_runs_the_demo_report_suites_compare_and_a_worker_deploy
     deployment = httpx.get(f"{prefect_api}/deployments/{finished['deployment_id']}").json()
     assert deployment["entrypoint"] == "clipcache.flows.deployments:evaluate_suite"
     # every run row says which release and commit made it; the worker's run added rows
-    [after_worker] = json.loads(_run(python, work, env, "clipcache", "query", runs, "--format", "json"))
+    [after_worker] = json.loads(run(work, env, "clipcache", "query", runs, "--format", "json"))
     assert before_worker["versions"] == after_worker["versions"] == [f"0.1.0+g{head}"]
     assert after_worker["n"] > before_worker["n"]
 
