@@ -27,6 +27,11 @@ def test_every_source_package_is_packaged():
             rel = init.parent.relative_to(REPO / package)
             found.add(".".join([top, *rel.parts]))
     assert found == declared - {"clipcache.dbt_reports"}  # the dbt project: data only, no __init__.py
+    # a checkout has the installed layout too: clipcache/<name> links to each folder the package maps
+    for top, package in config["package-dir"].items():
+        if top != "clipcache":
+            link = REPO / "clipcache" / top.split(".", 1)[1]
+            assert link.is_symlink() and link.resolve() == (REPO / package).resolve(), link
 
 
 def test_version_names_the_release_the_commit_and_the_copy(capsys):
