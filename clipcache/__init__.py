@@ -13,7 +13,8 @@ from typing import Any
 from clipcache._version import VERSION as __version__
 from clipcache.storage.errors import CacheIntegrityError, ClipcacheError, ConfigError, DatasetError, ModelError
 
-__all__ = ["__version__", "run_task", "connect", "ClipcacheError", "ConfigError", "DatasetError", "ModelError", "CacheIntegrityError"]
+__all__ = ["__version__", "run_task", "connect", "ClipcacheError", "ConfigError", "DatasetError", "ModelError",
+           "CacheIntegrityError"]
 
 
 def run_task(task_cfg: dict[str, Any] | str) -> list[dict[str, Any]]:
