@@ -99,6 +99,9 @@ def _eval_parser(sub: argparse._SubParsersAction, command: str, full: bool = Tru
           help="which loader reads the model (auto: the first that recognises the name)")
     _flag(models, "arch_config", default=None, help="extra open_clip architecture JSON file or folder")
     _flag(models, "revision", default=None, help="hub revision (branch, tag or commit) of hub model ids")
+    _flag(models, "trust_remote_code", action="store_true", default=False,
+          help="run the Python code the models' own local folders supply (--model_type internvl); recorded, with "
+               "a hash of every code file, in each model's identity")
     from clipcache.tasks.models.api_spec import ApiFields
 
     add_param_flags(models, ApiFields, {})  # --api_base, --api_revision, ... of api: models (docs/api_models.md)
@@ -133,7 +136,8 @@ def models_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     api = api_fields_for([m for m, _ in pairs], args.model_type, {f: getattr(args, f) for f in ApiFields.model_fields})
     return [{"model_name": m, "pretrained": p, "model_type": args.model_type, "arch_config": args.arch_config,
-             "revision": args.revision, "hub": args.hub or "huggingface", **extra}
+             "revision": args.revision, "hub": args.hub or "huggingface",
+             **({"trust_remote_code": True} if args.trust_remote_code else {}), **extra}
             for (m, p), extra in zip(pairs, api, strict=True)]
 
 

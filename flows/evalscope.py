@@ -36,6 +36,7 @@ class EvalscopeModel(ApiFields):  # ApiFields: api_base, api_revision, ... of ap
     arch_config: str | None = None
     revision: str | None = None
     hub: Literal["huggingface", "modelscope", "local"] = "modelscope"  # local: evalscope's HubType.LOCAL
+    trust_remote_code: bool = False  # this entry's own folder code may run (--model_type internvl); never another's
 
 
 class _EvalscopeCommon(BaseModel):

@@ -337,6 +337,7 @@ def eval_command(settings: RunSettings, spec: ModelSpec, source: DataSource, opt
     optional = [("--pretrained", spec.pretrained),
                 ("--model_type", None if spec.model_type == "auto" else spec.model_type),
                 ("--arch_config", spec.arch_config),
+                ("--trust_remote_code", "" if spec.trust_remote_code else None),
                 # an api: model's settings as given (a key env's NAME at most: the key itself is never a field)
                 *((f"--{name}", getattr(spec, name)) for name in ApiFields.model_fields),
                 ("--dataset", source.name), ("--dataset_root", source.root),
@@ -348,7 +349,9 @@ def eval_command(settings: RunSettings, spec: ModelSpec, source: DataSource, opt
                 ("--decode", None if settings.decode == "cpu" else settings.decode),
                 ("--cache_dir", None if settings.cache_dir == "cache" else settings.cache_dir)]
     for flag, value in optional:
-        if value is not None:
+        if value == "":  # a switch
+            args.append(flag)
+        elif value is not None:
             args += [flag, str(value)]
     if settings.amp:
         args.append("--amp")

@@ -12,6 +12,12 @@ A model folder is data, and clipcache never runs code from one. The libraries we
 So every call into those libraries passes ``trust_remote_code=False`` where it can, runs under :func:`no_prompts`
 (nothing can answer a prompt), and is preceded by a check of the files that ask for code, which refuses in one
 line that says how to opt in: a model-loader plugin that makes its own trust decision.
+
+The one built-in exception is the ecosystem's explicit opt-in, ``trust_remote_code`` on one model (the CLI's
+``--trust_remote_code``, the key in an evalscope model entry or a ModelSpec), honoured only by the loaders that need
+it (``internvl``). Such a loader runs the code of that model's local folder and nothing else: :func:`code_files`
+hashes every Python file the folder supplies into the model's identity (a changed file is another experiment) and
+:func:`local_auto_map` refuses an ``auto_map`` that names another repository's code.
 """
 
 from __future__ import annotations
@@ -37,6 +43,32 @@ def custom_code_refusal(where: str | Path, reason: str) -> ModelError:
     return ModelError(f"{where} asks to run its own Python code ({reason}); clipcache never runs code from a model "
                       f"folder. To load it anyway, write a model-loader plugin (see docs/plugins.md) that loads it "
                       f"with your own trust decision")
+
+
+def code_files(folder: Path) -> dict[str, str]:
+    """SHA-256 of every (non-hidden) Python file under a model folder, by path relative to it: the code a trusted
+    folder supplies, recorded in its identity."""
+    from clipcache.storage.hashing import sha256_file
+
+    files = sorted(p for p in folder.rglob("*.py") if p.is_file()
+                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    return {p.relative_to(folder).as_posix(): sha256_file(p) for p in files}
+
+
+def local_auto_map(folder: Path) -> None:
+    """Refuse a trusted folder whose ``auto_map`` names code of another hub repository (``org/repo--module.Class``):
+    the opt-in covers the code in the folder the user named, never a download of someone else's."""
+    for name in HUB_CONFIG_FILES:
+        try:
+            data = json.loads((folder / name).read_text(encoding="utf-8-sig"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        refs = data.get("auto_map") if isinstance(data, dict) else None
+        values = refs.values() if isinstance(refs, dict) else [refs]
+        for ref in (r for v in values for r in (v if isinstance(v, list) else [v])):
+            if isinstance(ref, str) and "--" in ref:
+                raise ModelError(f"{folder / name}: its auto_map names {ref!r}, code from another repository; "
+                                 f"trust_remote_code runs only the code of the folder given")
 
 
 def one_line(error: BaseException) -> str:

@@ -84,6 +84,9 @@ class ModelLoader(ABC):
     name: str = ""
     description: str = ""
     priority: int = 100
+    # Whether the loader honours a ModelSpec's trust_remote_code (runs the code of the model's folder); for every
+    # other loader the opt-in is an error, so it never silently means nothing.
+    runs_remote_code: bool = False
 
     @abstractmethod
     def claims(self, spec: ModelSpec) -> bool:

@@ -93,7 +93,11 @@ def loader_for(spec: ModelSpec) -> ModelLoader:
 
 
 def resolve_model(spec: ModelSpec, memo: FileHashMemo, model_cache_dir: str | None = None) -> ResolvedModel:
-    return loader_for(spec).resolve(spec, memo, model_cache_dir)
+    loader = loader_for(spec)
+    if spec.trust_remote_code and not loader.runs_remote_code:
+        raise ModelError(f"model {spec.model_name!r}: trust_remote_code is for the loaders that run a model "
+                         f"folder's own code (--model_type internvl); the {loader.name} loader never runs it")
+    return loader.resolve(spec, memo, model_cache_dir)
 
 
 def load_model(resolved: ResolvedModel, device: torch.device, amp: bool,

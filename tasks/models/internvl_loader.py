@@ -1,0 +1,120 @@
+"""InternVL-C and InternVL-G (InternVL 1.0, ``OpenGVLab/InternVL-14B-224px``) under the names of InternVL's
+clip_benchmark fork: ``--model_type internvl --model internvl_g_retrieval_hf --pretrained <Hugging Face folder>``.
+
+The model ships its code in its Hugging Face folder (``auto_map`` → ``modeling_internvl.py``), so it loads only with
+the explicit opt-in ``trust_remote_code`` on that model. The identity then records the opt-in and the SHA-256 of
+every Python file of the folder, and the experiment's checkpoint names that code (``+remote-code:<hash>``): a
+changed code file is a new cache key and a new experiment.
+
+The model name picks the head and the image rule, as the fork does: ``internvl_c_*`` encodes images with
+``encode_image(pixels, mode='InternVL-C')`` (the vision backbone's attention-pooled projection), ``internvl_g_*``
+with ``mode='InternVL-G'`` (backbone + QLLaMA query tokens, the two projections normalised and summed);
+``*_classification*`` resizes the short side and centre-crops (the folder's CLIPImageProcessor as saved),
+``*_retrieval*`` resizes the whole image to the square input size. Texts follow the model card: ``summarize:``
+prefix, the slow Llama tokenizer with BOS and EOS, padded with id 0 on the right to 80 tokens.
+
+The ``.pth`` form of the seed (``internvl_c_13b_224px.pth``) needs InternVL's own repository code: it is refused in
+one line that says to use the Hugging Face folder, whose InternVL-C head is the same model.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clipcache.storage.errors import ModelError
+from clipcache.storage.hashing import FileHashMemo, digest
+from clipcache.tasks.models.custom_code import code_files, local_auto_map
+from clipcache.tasks.models.hf_loader import HUB_ID
+from clipcache.tasks.models.loader import ModelLoader, ResolvedModel, dir_checkpoint, library_version
+from clipcache.tasks.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from clipcache.tasks.models.base import EmbeddingModel
+
+# (image head, image rule) per model name of InternVL's clip_benchmark fork (clip_benchmark/models/internvl.py);
+# the names without _hf load the .pth there, which clipcache reads from the Hugging Face folder instead.
+MODELS: dict[str, tuple[str, str]] = {
+    "internvl_c_classification": ("InternVL-C", "classification"),
+    "internvl_c_retrieval": ("InternVL-C", "retrieval"),
+    "internvl_c_classification_hf": ("InternVL-C", "classification"),
+    "internvl_c_retrieval_hf": ("InternVL-C", "retrieval"),
+    "internvl_g_classification_hf": ("InternVL-G", "classification"),
+    "internvl_g_retrieval_hf": ("InternVL-G", "retrieval"),
+}
+# InternVL's text rule (model card of OpenGVLab/InternVL-14B-224px and the fork's InternVLTokenizer).
+TEXT = {"prefix": "summarize:", "max_length": 80, "padding": "max_length", "padding_side": "right",
+        "pad_token_id": 0, "add_bos_token": True, "add_eos_token": True}
+HF_REPO = "OpenGVLab/InternVL-14B-224px"
+
+
+def _folder(spec: ModelSpec) -> Path:
+    where = spec.pretrained
+    if not where:
+        raise ModelError(f"model {spec.model_name!r}: --pretrained must name InternVL's Hugging Face folder "
+                         f"(huggingface-cli download {HF_REPO} --local-dir InternVL-14B-224px)")
+    path = Path(where).expanduser()
+    if path.is_file():
+        raise ModelError(f"--pretrained {where}: a single weights file (InternVL's .pth) needs InternVL's own "
+                         f"repository code, which clipcache does not run; use the Hugging Face folder instead "
+                         f"(huggingface-cli download {HF_REPO} --local-dir InternVL-14B-224px; the same "
+                         f"InternVL-C head), with --trust_remote_code")
+    if not path.is_dir():
+        if HUB_ID.match(where) and not where.startswith((".", "/", "~")):
+            raise ModelError(f"--pretrained {where}: give a local folder (huggingface-cli download {where} "
+                             f"--local-dir <folder>): trust_remote_code runs only code that is on this machine, "
+                             f"hashed before it runs")
+        raise ModelError(f"--pretrained {where}: folder {path} does not exist")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"--pretrained {where}: {path} has no config.json (not a Hugging Face model folder)")
+    return path.resolve()
+
+
+class InternVLLoader(ModelLoader):
+    name = "internvl"
+    description = "InternVL-C / InternVL-G (internvl_c_*, internvl_g_*_hf) from a Hugging Face folder; needs " \
+                  "--trust_remote_code"
+    priority = 30
+    runs_remote_code = True
+
+    def claims(self, spec: ModelSpec) -> bool:
+        return spec.model_name in MODELS
+
+    def resolve(self, spec: ModelSpec, memo: FileHashMemo, model_cache_dir: str | None) -> ResolvedModel:
+        if spec.model_name not in MODELS:
+            close = difflib.get_close_matches(spec.model_name, list(MODELS), n=1)
+            hint = f". Did you mean: {close[0]}?" if close else ""
+            raise ModelError(f"unknown InternVL model {spec.model_name!r} (known: {', '.join(MODELS)}){hint}")
+        folder = _folder(spec)
+        if not spec.trust_remote_code:
+            raise ModelError(f"{folder} asks to run its own Python code (InternVL ships its model code in the "
+                             f"folder); clipcache runs it only when you trust it: add --trust_remote_code "
+                             f"(trust_remote_code: true in a config's model entry)")
+        local_auto_map(folder)
+        code = code_files(folder)
+        if not code:
+            raise ModelError(f"--pretrained {folder}: no Python model code in the folder (InternVL's folder has "
+                             f"modeling_internvl.py beside config.json)")
+        head, image_rule = MODELS[spec.model_name]
+        checkpoint, label = dir_checkpoint(folder, memo)
+        identity: dict[str, Any] = {
+            "loader": self.name, "library": f"transformers {library_version('transformers')}",
+            "content": checkpoint[len("sha256:"):], "mode": head, "image_rule": image_rule, "text": TEXT,
+            "trust_remote_code": True, "code_files": code}
+        return ResolvedModel(self.name, str(folder), str(folder), None, identity,
+                             f"{checkpoint}+remote-code:{digest(code)[:16]}", label)
+
+    def load(self, resolved: ResolvedModel, device: torch.device, amp: bool,
+             cache_dir: str | None) -> EmbeddingModel:
+        from clipcache.tasks.models.internvl_model import InternVLClipModel
+
+        return InternVLClipModel(resolved, device, amp)
+
+    def known_names(self) -> list[str]:
+        return list(MODELS)
+
+
+LOADER = InternVLLoader()
