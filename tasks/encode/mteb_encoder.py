@@ -70,7 +70,7 @@ def image_sha256(image: Any) -> bytes:
 def image_pool_fields(session: ModelSession) -> dict[str, Any]:
     """The pool of a model's image vectors: everything but the content that changes a vector (the model identity
     holds the resolved preprocessing; images reach it decoded by ``datasets`` and PIL, never ``--decode gpu``)."""
-    return {"role": IMAGE_ROLE, "model": session.resolved.identity, "precision": session.precision}
+    return {"role": IMAGE_ROLE, "model": session.resolved.image_identity, "precision": session.precision}
 
 
 def model_meta(name: str, revision: str) -> ModelMeta:

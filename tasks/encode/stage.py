@@ -99,7 +99,7 @@ class EncodeOutcome:
 def image_key_fields(session: ModelSession, dataset_identity: dict[str, Any], split: str, limit: int | None) -> dict:
     # the decode mode only where it is not the default: every key made before --decode existed stays valid
     decode = {"decode": session.decode} if session.decode != "cpu" else {}
-    return {"role": "image", "model": session.resolved.identity, "precision": session.precision,
+    return {"role": "image", "model": session.resolved.image_identity, "precision": session.precision,
             "dataset": dataset_identity, "split": split, "limit": limit, **decode}
 
 

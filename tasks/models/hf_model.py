@@ -29,6 +29,31 @@ class HFImageTransform:
         return self.processor(images=image, return_tensors="pt")["pixel_values"][0]
 
 
+class NaFlexImageTransform:
+    """SigLIP 2 NaFlex (model type ``siglip2``): its processor resizes each image to a patch grid of its own (aspect
+    ratio kept, at most ``max_num_patches`` patches) and pads the patch sequence. The three inputs the model needs
+    travel as one (P + 1, D + 1) tensor, so batches stack as any model's do: rows 0..P-1 hold a patch's D pixel values
+    and its mask bit, row P the grid's height and width (small integers: exact in float32)."""
+
+    def __init__(self, processor: Any):
+        self.processor = processor
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        out = self.processor(images=image, return_tensors="pt")
+        pixels, mask, grid = out["pixel_values"][0], out["pixel_attention_mask"][0], out["spatial_shapes"][0]
+        packed = torch.zeros(pixels.shape[0] + 1, pixels.shape[1] + 1, dtype=torch.float32)
+        packed[:-1, :-1] = pixels
+        packed[:-1, -1] = mask.float()
+        packed[-1, :2] = grid.float()
+        return packed
+
+
+def naflex_inputs(packed: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A batch of :class:`NaFlexImageTransform` tensors -> Siglip2Model's image inputs."""
+    return {"pixel_values": packed[:, :-1, :-1], "pixel_attention_mask": packed[:, :-1, -1].round().to(torch.int32),
+            "spatial_shapes": packed[:, -1, :2].round().to(torch.long)}
+
+
 class HFClipModel(TwoTowerModel):
     def __init__(self, resolved: ResolvedModel, device: torch.device, amp: bool, cache_dir: str | None):
         from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
@@ -63,7 +88,8 @@ class HFClipModel(TwoTowerModel):
             log.warning("%s looks like SigLIP 2 (a Gemma tokenizer) but its name does not say siglip2: its texts are "
                         "not lowercased as big_vision does; load it from a local folder to have them lowercased",
                         source)
-        self.transform = HFImageTransform(self.processor)
+        self.naflex = config.model_type == "siglip2"
+        self.transform: Any = NaFlexImageTransform(self.processor) if self.naflex else HFImageTransform(self.processor)
         super().__init__(module, device, amp)
 
     def image_transform(self, image: Image.Image) -> torch.Tensor:
@@ -82,6 +108,8 @@ class HFClipModel(TwoTowerModel):
         return dict(tokens)
 
     def _encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
+        if self.naflex:
+            return pooled(self.module.get_image_features(**naflex_inputs(pixels)))
         return pooled(self.module.get_image_features(pixel_values=pixels))
 
     def _encode_text(self, tokens: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -102,7 +102,7 @@ class InternVLLoader(ModelLoader):
         checkpoint, label = dir_checkpoint(folder, memo)
         identity: dict[str, Any] = {
             "loader": self.name, "library": f"transformers {library_version('transformers')}",
-            "content": checkpoint[len("sha256:"):], "mode": head, "image_rule": image_rule, "text": TEXT,
+            "content": checkpoint[len("sha256:"):], "mode": head, "image_rule": image_rule, "text_preprocessing": TEXT,
             "trust_remote_code": True, "code_files": code}
         return ResolvedModel(self.name, str(folder), str(folder), None, identity,
                              f"{checkpoint}+remote-code:{digest(code)[:16]}", label)

@@ -49,7 +49,7 @@ class InternVLClipModel(TwoTowerModel):
         local_auto_map(folder)
         if code_files(folder) != identity["code_files"]:
             raise ModelError(f"{folder}: its Python files changed after the run started; run it again")
-        self.mode, self.text = identity["mode"], identity["text"]
+        self.mode, self.text = identity["mode"], identity["text_preprocessing"]
         self.dtype = (torch.float16 if device.type == "cuda" else torch.bfloat16) if amp else torch.float32
         try:
             with no_prompts():

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".npz")
 
 
+# Identity fields that change text vectors only (image entries are keyed without them).
+TEXT_ONLY = ("text_preprocessing",)
+
 # Architectures named without weights get random ones, seeded: they are part of the cache key (benchmarks use them).
 RANDOM_INIT_SEED = 0
 
@@ -46,6 +49,13 @@ class ResolvedModel:
     def display_name(self) -> str:
         name = self.source.split("local-dir:")[-1].rstrip("/").split("/")[-1]
         return f"{name} ({self.checkpoint_label})" if self.checkpoint_label else name
+
+    @property
+    def image_identity(self) -> dict[str, Any]:
+        """What image entries are keyed by: the identity without its text-only rules (SigLIP 2's lowercasing,
+        InternVL's prompt prefix), so a text rule never re-encodes images. Equal to the identity for every model
+        that has none."""
+        return {k: v for k, v in self.identity.items() if k not in TEXT_ONLY}
 
     @property
     def fingerprint(self) -> str:
