@@ -48,7 +48,8 @@ def add_suite_parser(sub: argparse._SubParsersAction) -> None:
                                              "our values and intervals")
     check.add_argument("suite", help="a shipped suite's name or a suite .yaml file")
     check.add_argument("--published", required=True, help="CSV with name, pretrained and one column per dataset "
-                                                          "(display name or dataset name)")
+                                                          "(display name or dataset name), or a shipped table: "
+                                                          "internvl (InternVL's README numbers)")
     check.add_argument("--output_dir", "--output-dir", dest="output_dir", default="outputs")
     check.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of our intervals")
     check.add_argument("--format", choices=["table", "json"], default="table")

@@ -248,3 +248,38 @@ def test_numbers_equal_clip_benchmark_with_the_model_wired_as_internvls_fork_wir
     assert len(theirs) == 6
     for key, value in theirs.items():
         assert ours[key] == pytest.approx(value, abs=1e-9), key
+
+
+# -- the seed's numbers as a published table --------------------------------------------------------------------------
+def test_the_shipped_table_holds_the_seeds_numbers():
+    import csv
+
+    from clipcache.tasks.suites import load_suite
+    from clipcache.tasks.suites.exports import published_table
+
+    rows = {r["name"]: r for r in csv.DictReader(published_table("internvl").open(encoding="utf-8"))}
+    assert float(rows["internvl_c_classification"]["ImageNet-1K"]) == 0.83178  # the seed's acc1
+    assert float(rows["internvl_c_classification"]["ImageNet-1K (AR)"]) == 0.4486
+    # XTD: the mean of the seed's two recall@10 values; Flickr30K: of its two recall@1 values
+    assert float(rows["internvl_g_retrieval_hf"]["XTD (EN)"]) == pytest.approx((0.9829999804496765 +
+                                                                                0.9860000014305115) / 2)
+    assert float(rows["internvl_c_retrieval"]["Flickr30K"]) == pytest.approx((0.8166000247001648 +
+                                                                               0.9470000267028809) / 2)
+    suite = load_suite("internvl")
+    assert {e.label for e in suite.datasets} == set(rows["internvl_c_classification"]) - {"name", "pretrained"}
+
+
+def test_suite_check_lines_a_run_up_with_the_published_table(here, capsys):
+    (here / "result.json").unlink(missing_ok=True)
+    code, _, err = run_cli(seed_argv("mnist", "--trust_remote_code"), capsys)
+    assert code == 0, err
+    ours = json.loads((here / "result.json").read_text())["metrics"]["acc1"]
+    code, out, err = run_cli(["suite", "check", "internvl", "--published", "internvl", "--format", "json",
+                              "--bootstrap", "0"], capsys)
+    assert code == 0, err
+    rows = json.loads(out)
+    mnist = [r for r in rows if r["dataset"] == "mnist"]
+    assert len(mnist) == 1 and mnist[0]["model"] == "internvl_c_classification"
+    assert mnist[0]["pretrained"].startswith("InternVL-14B-224px@")  # the folder, named with its content hash
+    assert mnist[0]["published"] == 0.806 and mnist[0]["ours"] == pytest.approx(ours)
+    assert {r["verdict"] for r in rows if r["dataset"] == "imagenet1k"} == {"not run here"}

@@ -113,7 +113,19 @@ class Reproduction:
         return "outside our interval" if not self.ci_low <= self.published <= self.ci_high else "within"
 
 
+PUBLISHED = Path(__file__).parent / "published"
+
+
+def published_table(name_or_path: str | Path) -> Path:
+    """A CSV path, or the name of a table shipped with clipcache (tasks/suites/published/<name>.csv: ``internvl``,
+    the InternVL-C / InternVL-G numbers of InternVL's clip_benchmark README)."""
+    path = Path(name_or_path)
+    shipped = PUBLISHED / f"{name_or_path}.csv"
+    return shipped if not path.exists() and path.suffix == "" and shipped.is_file() else path
+
+
 def read_published(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    path = published_table(path)
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
@@ -156,16 +168,20 @@ def check_published(suite: Suite, scores: list[ModelScore], path: Path) -> list[
                 raise ConfigError(f"--published: {path}: {column} of {row.get('name')} is {cell!r}, not a "
                                   f"number") from None
     percent = any(v > 1.0 for _, _, v in values)  # a table in percent: every value is read as percent
-    ours = {(s.model[0], s.model[1] or ""): s for s in scores}
+    # A published row names a checkpoint as its authors do; ours may carry a content-hash suffix ("<folder>@<hash>":
+    # a model folder), so a row's pretrained matches our label with or without it.
+    ours: dict[tuple[str, str], list[ModelScore]] = {}
+    for s in scores:
+        label = s.model[1] or ""
+        for pretrained in dict.fromkeys((label, label.rsplit("@", 1)[0])):
+            ours.setdefault((s.model[0], pretrained), []).append(s)
     out = []
     for row, column, value in values:
         key = (row["name"].strip(), (row.get("pretrained") or "").strip())
-        score = ours.get(key)
-        if score is None:
-            continue
-        entry = columns[column]
-        result = next(r for r in score.results if r.entry is entry)
-        low, high = _interval(result)
-        out.append(Reproduction(key[0], key[1] or None, entry.dataset, result.value,
-                                value / 100 if percent else value, low, high))
+        for score in ours.get(key, []):
+            entry = columns[column]
+            result = next(r for r in score.results if r.entry is entry)
+            low, high = _interval(result)
+            out.append(Reproduction(score.model[0], score.model[1] or None, entry.dataset, result.value,
+                                    value / 100 if percent else value, low, high))
     return out
