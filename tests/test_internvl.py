@@ -250,6 +250,35 @@ def test_numbers_equal_clip_benchmark_with_the_model_wired_as_internvls_fork_wir
         assert ours[key] == pytest.approx(value, abs=1e-9), key
 
 
+# -- languages ----------------------------------------------------------------------------------------------------
+def test_imagenet_class_names_in_the_seeds_languages(here, capsys, tmp_path):
+    """--language cn jp ar it: the ImageNet class names and templates of each language (clip_benchmark's), here on
+    a six-class ImageNet-A webdataset (the full 1,000 classes cost minutes with a byte-level tiny tokenizer)."""
+    from clipcache.tasks.datasets.languages import imagenet_prompts
+
+    from conftest import write_wds
+
+    root = write_wds(tmp_path / "imagenet-a", "classification", 12, shards=1, n_classes=6)
+    names = imagenet_prompts()["en"]["classnames"]
+    (root / "classnames.txt").write_text("\n".join(names[:6]) + "\n")
+    code, _, err = run_cli(["eval", "--model_type", "internvl", "--model", "internvl_c_classification",
+                            "--pretrained", FOLDER, "--trust_remote_code", "--dataset", "wds/imagenet-a",
+                            "--dataset_root", str(root), "--language", "en", "cn", "jp", "ar", "it",
+                            "--output", str(tmp_path / "{language}.json"), "--quiet", "--orchestrator", "local"],
+                           capsys)
+    assert code == 0, err
+    results = {lang: json.loads((tmp_path / f"{lang}.json").read_text()) for lang in ("en", "cn", "jp", "ar", "it")}
+    assert all(r["language"] == lang for lang, r in results.items())
+    # five prompt sets, five classifiers: the scores differ (a random model, so not in quality)
+    assert len({json.dumps(r["metrics"], sort_keys=True) for r in results.values()}) > 1
+    prompts = {}
+    for path in (here / "outputs" / "internvl_c_classification").rglob("*.json"):
+        experiment = json.loads(path.read_text()).get("experiment", {})
+        if experiment.get("dataset") == "wds/imagenet-a":
+            prompts[experiment["language"]] = experiment["prompts"]
+    assert set(prompts) == {"en", "cn", "jp", "ar", "it"} and len(set(prompts.values())) == 5
+
+
 # -- the seed's numbers as a published table --------------------------------------------------------------------------
 def test_the_shipped_table_holds_the_seeds_numbers():
     import csv
