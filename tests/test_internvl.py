@@ -81,11 +81,13 @@ def test_without_the_opt_in_the_folder_is_refused_in_one_line(here, capsys):
 
 
 def test_the_pth_form_is_refused_with_the_way_to_the_folder(here, capsys):
-    (here / "pretrained" / "internvl_c_13b_224px.pth").write_bytes(b"not read")
-    code, _, err = run_cli(seed_argv("mnist", "--trust_remote_code",
-                                     folder="./pretrained/internvl_c_13b_224px.pth"), capsys)
-    assert_refused(code, err, "needs InternVL's own repository code")
-    assert "OpenGVLab/InternVL-14B-224px" in err
+    for present in (False, True):  # the seed's path, downloaded or not
+        if present:
+            (here / "pretrained" / "internvl_c_13b_224px.pth").write_bytes(b"not read")
+        code, _, err = run_cli(seed_argv("mnist", "--trust_remote_code",
+                                         folder="./pretrained/internvl_c_13b_224px.pth"), capsys)
+        assert_refused(code, err, "needs InternVL's own repository code")
+        assert "OpenGVLab/InternVL-14B-224px" in err
 
 
 def test_a_hub_id_is_refused_code_runs_only_from_a_local_folder(here, capsys):

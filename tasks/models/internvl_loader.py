@@ -27,7 +27,13 @@ from clipcache.storage.errors import ModelError
 from clipcache.storage.hashing import FileHashMemo, digest
 from clipcache.tasks.models.custom_code import code_files, local_auto_map
 from clipcache.tasks.models.hf_loader import HUB_ID
-from clipcache.tasks.models.loader import ModelLoader, ResolvedModel, dir_checkpoint, library_version
+from clipcache.tasks.models.loader import (
+    WEIGHT_SUFFIXES,
+    ModelLoader,
+    ResolvedModel,
+    dir_checkpoint,
+    library_version,
+)
 from clipcache.tasks.models.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -57,7 +63,7 @@ def _folder(spec: ModelSpec) -> Path:
         raise ModelError(f"model {spec.model_name!r}: --pretrained must name InternVL's Hugging Face folder "
                          f"(huggingface-cli download {HF_REPO} --local-dir InternVL-14B-224px)")
     path = Path(where).expanduser()
-    if path.is_file():
+    if path.is_file() or path.suffix in WEIGHT_SUFFIXES:
         raise ModelError(f"--pretrained {where}: a single weights file (InternVL's .pth) needs InternVL's own "
                          f"repository code, which clipcache does not run; use the Hugging Face folder instead "
                          f"(huggingface-cli download {HF_REPO} --local-dir InternVL-14B-224px; the same "
