@@ -314,3 +314,20 @@ def test_suite_check_lines_a_run_up_with_the_published_table(here, capsys):
     assert mnist[0]["pretrained"].startswith("InternVL-14B-224px@")  # the folder, named with its content hash
     assert mnist[0]["published"] == 0.806 and mnist[0]["ours"] == pytest.approx(ours)
     assert {r["verdict"] for r in rows if r["dataset"] == "imagenet1k"} == {"not run here"}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("amp", [False, True])
+def test_on_cuda_fp32_and_fp16_weights(work, amp):
+    """On CUDA: fp32 equals the CPU's closely; --amp loads the weights in fp16 (as InternVL's fork does) and stays
+    near fp32. Not run where there is no GPU."""
+    folder = work / "pretrained" / "InternVL-14B-224px"
+    resolved = resolve_model(spec(folder), FileHashMemo(None))
+    cpu = load_model(resolved, torch.device("cpu"), False)
+    cuda = load_model(resolved, torch.device("cuda"), amp)
+    assert next(cuda.module.parameters()).dtype == (torch.float16 if amp else torch.float32)
+    pixels = torch.stack([cpu.image_transform(p) for p in images()])
+    texts = ["a photo of a cat.", "汉字 and ü"]
+    tolerance = 2e-2 if amp else 1e-4
+    np.testing.assert_allclose(cuda.encode_images(pixels), cpu.encode_images(pixels), atol=tolerance)
+    np.testing.assert_allclose(cuda.encode_texts(texts), cpu.encode_texts(texts), atol=tolerance)

@@ -100,3 +100,11 @@ def test_a_naflex_model_evaluates_end_to_end(naflex, tmp_path, monkeypatch, caps
     assert code == 0, err
     metrics = json.loads((tmp_path / "r.json").read_text())["metrics"]
     assert all(0.0 <= v <= 1.0 for v in metrics.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_naflex_on_cuda_equals_the_cpu(naflex):
+    resolved = resolve_model(ModelSpec(model_name=str(naflex)), FileHashMemo(None))
+    cpu, cuda = load_model(resolved, CPU, amp=False), load_model(resolved, torch.device("cuda"), amp=False)
+    packed = torch.stack([cpu.image_transform(i) for i in _images()])
+    np.testing.assert_allclose(cuda.encode_images(packed), cpu.encode_images(packed), atol=1e-4)
