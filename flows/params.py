@@ -27,6 +27,7 @@ from clipcache.tasks.contract import (
     Ties,
 )
 from clipcache.tasks.evaluation.base import EvalTask
+from clipcache.tasks.evaluation.captioning import Captioning, CaptionMetric
 from clipcache.tasks.evaluation.composed_retrieval import ComposedRetrieval
 from clipcache.tasks.evaluation.image_clustering import ImageClustering
 from clipcache.tasks.evaluation.knn_classification import KnnClassification
@@ -40,7 +41,7 @@ RetrievalMetric = Literal["recall", "mrr", "ndcg", "rank"]
 # The built-in tasks whose options are run parameters (flags, config keys). Each such parameter takes its default,
 # constraints and help from the task's Options model, where they are written once.
 OPTION_TASKS: tuple[type[EvalTask], ...] = (ZeroShotRetrieval, LinearProbe, ImageClustering, MiebLinearProbe,
-                                              KnnClassification, ComposedRetrieval, MultilabelProbe)
+                                              KnnClassification, ComposedRetrieval, MultilabelProbe, Captioning)
 SWEPT_OPTIONS = ("fewshot_k",)  # a list of values: one experiment per value
 
 
@@ -127,6 +128,14 @@ class EvaluateParams(BaseModel):
     multilabel_samples_per_label: int = task_option(MultilabelProbe, "multilabel_samples_per_label")
     multilabel_knn_k: int = task_option(MultilabelProbe, "multilabel_knn_k")
     reference_image: Literal["layout", "exclude", "keep"] = task_option(ComposedRetrieval, "reference_image")
+    caption_source: str | None = task_option(Captioning, "caption_source")
+    caption_references: str | None = task_option(Captioning, "caption_references")
+    caption_metrics: list[CaptionMetric] = task_option(Captioning, "caption_metrics")
+    caption_generation: Literal["top_k", "top_p", "beam_search"] = task_option(Captioning, "caption_generation")
+    caption_seq_len: int = task_option(Captioning, "caption_seq_len")
+    caption_top_p: float = task_option(Captioning, "caption_top_p")
+    caption_top_k: int = task_option(Captioning, "caption_top_k")
+    caption_temperature: float = task_option(Captioning, "caption_temperature")
     normalize: str = Field("true", description="linear_probe: L2-normalised features, clip_benchmark's default "
                                                "(the only choice: the cache holds normalised embeddings)")
     batch_size: PositiveInt = Field(BATCH_SIZE, description="images or texts per forward pass")

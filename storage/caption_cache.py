@@ -10,6 +10,10 @@ before asking the API for an image, a process claims it with a one-byte ``fcntl`
 offset taken from the image's hash; another process that finds the image claimed works on other images meanwhile
 and later reads the caption from the file (``refresh``). The kernel drops a dead process's claims, so a killed
 conversion blocks nobody.
+
+The same files hold the captions an open_clip generative model (CoCa) writes for ``--task captioning``: their setup
+names the model, precision and decoding settings instead of an API. :func:`open_setup` opens an existing setup by
+(a prefix of) its key, read-only, so the captions of a conversion can be scored without calling the API again.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from clipcache.storage import faults
+from clipcache.storage.errors import ConfigError
 from clipcache.storage.hashing import digest
 
 
 class CaptionCache:
-    def __init__(self, cache_dir: str | Path, setup: dict[str, Any]):
+    def __init__(self, cache_dir: str | Path, setup: dict[str, Any], *, create: bool = True):
         self.setup = setup
         self.key = digest(setup)
         self.path = Path(cache_dir) / "captions" / f"{self.key}.jsonl"
@@ -40,7 +45,7 @@ class CaptionCache:
                 with open(self.path, "ab") as f:
                     f.write(b"\n")
             self.refresh()
-        else:
+        elif create:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             (self.path.parent / f"{self.key}.setup.json").write_text(json.dumps(setup, indent=1))
 
@@ -94,3 +99,30 @@ class CaptionCache:
             f.write(line)
             f.flush()
         self._known[image_sha256] = caption
+
+
+def caption_setups(cache_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """Every captioning setup with captions in ``cache_dir``: key -> setup."""
+    folder = Path(cache_dir) / "captions"
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted(folder.glob("*.setup.json")) if folder.is_dir() else []:
+        key = path.name.removesuffix(".setup.json")
+        try:
+            setup = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(setup, dict) and digest(setup) == key and (folder / f"{key}.jsonl").is_file():
+            found[key] = setup
+    return found
+
+
+def open_setup(cache_dir: str | Path, key_prefix: str) -> CaptionCache:
+    """The captions of the existing setup whose key starts with ``key_prefix`` (read-only: nothing is created)."""
+    setups = caption_setups(cache_dir)
+    matches = [k for k in setups if k.startswith(key_prefix)] if key_prefix else []
+    if len(matches) != 1:
+        known = ", ".join(f"{k[:12]} ({setups[k].get('model', '?')})" for k in setups) or "none"
+        what = "no captioning setup" if not matches else f"{len(matches)} captioning setups"
+        raise ConfigError(f"captions: {what} in {Path(cache_dir) / 'captions'} with a key starting with "
+                          f"{key_prefix!r} (there: {known})")
+    return CaptionCache(cache_dir, setups[matches[0]], create=False)

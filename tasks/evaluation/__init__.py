@@ -47,6 +47,7 @@ TASKS.register("multilabel_probe", "clipcache.tasks.evaluation.multilabel_probe:
 TASKS.register("visual_document_retrieval",
                "clipcache.tasks.evaluation.visual_document_retrieval:VisualDocumentRetrieval")
 TASKS.register("winogavil", "clipcache.tasks.evaluation.winogavil:Winogavil")  # DataComp's misc/winogavil
+TASKS.register("captioning", "clipcache.tasks.evaluation.captioning:Captioning")
 
 
 def get_task(name: str) -> EvalTask:
