@@ -331,3 +331,37 @@ def test_converts_vlm_captions_are_scored_without_calling_the_vlm(shapes_clip, t
     assert scored.metrics["CIDEr"] > 0.1 and 0 < again.metrics["Bleu_1"]  # the fake VLM describes the shapes
     with pytest.raises(Exception, match="no captioning setup"):
         run(shapes_clip["model"], shapes_clip["data"], cache, caption_source="cache:ffff", caption_metrics=["bleu"])
+
+
+@pytest.mark.slow  # two CLI runs and a compare (~10-25 s here)
+def test_compare_two_captioners_image_by_image_through_the_warehouse(shapes_clip, tmp_path, capsys):
+    """Two captioners' experiments (the references' captions vs shuffled ones) through the CLI: the sample rows
+    recompute the stored means, and `clipcache compare` finds the shuffled captioner worse per image."""
+    from clipcache.flows.cli import main
+    from clipcache.storage.warehouse import connect
+    from hostile import run_cli
+
+    lines, n = shapes_clip["lines"], len(shapes_clip["lines"])
+    dirs = ["--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]
+    for name, order in (("refs", list(range(n))), ("shuffled", list(np.roll(np.arange(n), 5)))):
+        path = captions_file(tmp_path / f"{name}.jsonl", lines, order)
+        assert main(["eval", "--model", shapes_clip["model"], "--dataset", "custom", "--dataset_root",
+                     str(shapes_clip["data"]), "--task", "captioning", "--caption_source", str(path),
+                     "--caption_metrics", "clipscore", "--quiet", "--orchestrator", "local", *dirs]) == 0
+    con = connect(tmp_path / "out")
+    rows = con.sql("""
+        SELECT m.experiment_id, m.metric, m.value, avg(s.value) AS mean, count(*) AS n
+        FROM metrics m JOIN latest_samples s ON s.experiment_id = m.experiment_id
+                                             AND s.unit = 'caption_' || lower(m.metric)
+        WHERE m.task = 'captioning' GROUP BY ALL ORDER BY ALL""").fetchall()
+    assert len(rows) == 4
+    assert all(n_ == n and value == pytest.approx(mean, abs=1e-12) for _, _, value, mean, n_ in rows)
+    by_source = {json.loads(o)["caption_source"].rsplit("/", 1)[-1]: e for e, o in con.sql(
+        "SELECT DISTINCT experiment_id, task_options FROM metrics WHERE task = 'captioning'").fetchall()}
+    code, out, err = run_cli(["compare", "--baseline", by_source["refs.jsonl"], "--candidate",
+                              by_source["shuffled.jsonl"], "--output_dir", str(tmp_path / "out"),
+                              "--format", "json"], capsys)
+    assert code == 0, err
+    compared = {r["metric"]: r for r in json.loads(out)}
+    assert set(compared) == {"clipscore", "refclipscore"}
+    assert compared["clipscore"]["verdict"] == "worse" and compared["clipscore"]["n"] == n

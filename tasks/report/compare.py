@@ -77,6 +77,15 @@ SELECTION_UNITS = {"item": "acc", "item_text": "text_acc", "item_image": "image_
 RETRIEVAL_UNITS = {"text_query": "image_retrieval_recall", "image_query": "text_retrieval_recall"}
 
 
+def _caption_units() -> dict[str, str]:
+    """captioning: each metric that is the mean of its per-image rows (CIDEr, ROUGE-L, SPICE, CLIPScore, ...),
+    compared image by image; corpus BLEU and METEOR are not means of their rows and are not compared."""
+    from clipcache.tasks.score.caption_metrics import MEAN_OF_IMAGES
+    from clipcache.tasks.score.caption_scoring import unit_name
+
+    return {unit_name(metric): metric for metric in MEAN_OF_IMAGES}
+
+
 def _units(task: str) -> list[str]:
     if task in ("zeroshot_classification", "linear_probe"):
         return ["image"]
@@ -88,6 +97,8 @@ def _units(task: str) -> list[str]:
         return ["example"]
     if task == "winogavil":
         return ["game"]
+    if task == "captioning":
+        return list(_caption_units())
     return []
 
 
@@ -115,6 +126,10 @@ def _statistics(task: str, unit: str, s: dict[str, np.ndarray],
         return out
     if unit in SELECTION_UNITS:
         out[SELECTION_UNITS[unit]] = _binary(s["correct1"])
+        return out
+    if task == "captioning":  # a per-image score whose mean is the metric
+        values = s["value"].astype(np.float64)
+        out[_caption_units()[unit]] = (mean_statistic(values), float(values.mean()), None)
         return out
     if unit == "game":  # each WinoGAViL group's mean Jaccard index, resampling all the games (target: candidates)
         from clipcache.tasks.score.winogavil import GROUPS, in_group, jaccard_statistic
@@ -166,10 +181,11 @@ def _compare_unit(con: Any, a: dict[str, Any], b: dict[str, Any], unit: str, *, 
     sa, sb = _samples(con, a["experiment_id"], unit), _samples(con, b["experiment_id"], unit)
     if not len(sa["sample_index"]) or not len(sb["sample_index"]):
         return []  # no sample rows (a run of an older release)
-    # an image query's target is each model's own best caption: the samples are the same when the keys are
+    # an image query's target is each model's own best caption, a caption row has none: the samples are the same
+    # when the keys are
     same = len(sa["sample_index"]) == len(sb["sample_index"]) \
         and np.array_equal(sa["sample_index"], sb["sample_index"]) \
-        and (unit == "image_query" or np.array_equal(sa["target"], sb["target"])) \
+        and (unit == "image_query" or a["task"] == "captioning" or np.array_equal(sa["target"], sb["target"])) \
         and (sa["sample_key"] == sb["sample_key"]).all()
     if not same:
         raise ResultsError(f"compare: {a['dataset']}: the experiments cover different samples ({len(sa['target'])} "
