@@ -339,6 +339,7 @@ def test_compare_two_captioners_image_by_image_through_the_warehouse(shapes_clip
     recompute the stored means, and `clipcache compare` finds the shuffled captioner worse per image."""
     from clipcache.flows.cli import main
     from clipcache.storage.warehouse import connect
+
     from hostile import run_cli
 
     lines, n = shapes_clip["lines"], len(shapes_clip["lines"])
