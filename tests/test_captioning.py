@@ -366,3 +366,12 @@ def test_compare_two_captioners_image_by_image_through_the_warehouse(shapes_clip
     compared = {r["metric"]: r for r in json.loads(out)}
     assert set(compared) == {"clipscore", "refclipscore"}
     assert compared["clipscore"]["verdict"] == "worse" and compared["clipscore"]["n"] == n
+
+
+def test_without_java_the_coco_metrics_stop_in_one_line(monkeypatch):
+    from clipcache.storage.errors import ConfigError
+    from clipcache.tasks.score import caption_metrics
+
+    monkeypatch.setattr(caption_metrics.shutil, "which", lambda name: None)
+    with pytest.raises(ConfigError, match="need a Java runtime on PATH .* default-jre-headless"):
+        caption_metrics.coco_caption_scores([["a cat"]], ["a cat"], ["bleu"])

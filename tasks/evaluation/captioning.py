@@ -147,12 +147,15 @@ class Captioning(EvalTask):
         return references, None
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+        import numpy as np
+
+        from clipcache.tasks.evaluation.common import sample_keys
         from clipcache.tasks.score.caption_scoring import score_captions
 
         started = time.perf_counter()
         options = self.Options.of(settings)
-        metrics, evidence = score_captions(store, encoded, prepared, list(options.caption_metrics),
-                                           settings.bootstrap)
+        keys = sample_keys(prepared.data, np.arange(prepared.n_samples))
+        metrics, evidence = score_captions(store, encoded, list(options.caption_metrics), settings.bootstrap, keys)
         return Scored(metrics, prepared.n_samples, seconds=time.perf_counter() - started, evidence=evidence)
 
 

@@ -11,7 +11,7 @@ interval over the images (CIDEr's document frequencies held at the full set's).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,12 +25,14 @@ from clipcache.tasks.score.caption_metrics import (
 
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
-    from clipcache.tasks.contract import Encoded, Prepared
+    from clipcache.tasks.contract import Encoded
     from clipcache.tasks.score.evidence import Evidence
 
 
-def score_captions(store: EmbeddingStore, encoded: Encoded, prepared: Prepared, families: Sequence[str],
-                   resamples: int) -> tuple[dict[str, float], Evidence]:
+def score_captions(store: EmbeddingStore, encoded: Encoded, families: Sequence[str], resamples: int,
+                   keys: list[str] | None) -> tuple[dict[str, float], Evidence]:
+    """The metrics of ``encoded``'s captions against its references, and their evidence (``keys``: the images' own
+    names for the sample rows, where the dataset has them)."""
     captions = list(encoded.outcomes["captions"].captions)
     references: list[list[str]] = encoded.info["references"]
     result = coco_caption_scores(references, captions, families)
@@ -39,7 +41,7 @@ def score_captions(store: EmbeddingStore, encoded: Encoded, prepared: Prepared, 
         clip_s, ref_clip_s = clip_scores(store, encoded, len(captions), references)
         metrics["clipscore"], metrics["refclipscore"] = float(np.mean(clip_s)), float(np.mean(ref_clip_s))
         per_image["clipscore"], per_image["refclipscore"] = clip_s, ref_clip_s
-    return metrics, caption_evidence(per_image, prepared.data, len(captions), resamples)
+    return metrics, caption_evidence(per_image, len(captions), resamples, keys)
 
 
 def clip_scores(store: EmbeddingStore, encoded: Encoded, n: int,
@@ -65,15 +67,13 @@ def unit_name(metric: str) -> str:
     return "caption_" + metric.lower()
 
 
-def caption_evidence(per_image: dict[str, np.ndarray], dataset: Any, n: int, resamples: int) -> Evidence:
+def caption_evidence(per_image: dict[str, np.ndarray], n: int, resamples: int, keys: list[str] | None) -> Evidence:
     """One part per metric with per-image values (unit ``caption_<metric>``), intervals where the metric is their
     mean."""
-    from clipcache.tasks.evaluation.common import sample_keys
     from clipcache.tasks.score.evidence import Evidence
     from clipcache.tasks.score.intervals import interval, mean_statistic
 
     index = np.arange(n, dtype=np.int64)
-    keys = sample_keys(dataset, index)
     parts = []
     for metric, values in per_image.items():
         part = Evidence(unit_name(metric), {"sample_index": index, "value": np.asarray(values, np.float64)}, keys)
