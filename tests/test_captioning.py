@@ -375,3 +375,17 @@ def test_without_java_the_coco_metrics_stop_in_one_line(monkeypatch):
     monkeypatch.setattr(caption_metrics.shutil, "which", lambda name: None)
     with pytest.raises(ConfigError, match="need a Java runtime on PATH .* default-jre-headless"):
         caption_metrics.coco_caption_scores([["a cat"]], ["a cat"], ["bleu"])
+
+
+def test_an_edited_references_file_is_another_experiment(tmp_path):
+    from clipcache.tasks.contract import ScoreSettings
+    from clipcache.tasks.evaluation import get_task
+
+    task = get_task("captioning")
+    refs = tmp_path / "refs.json"
+    refs.write_text(json.dumps({"0": ["a cat"]}))
+    settings = ScoreSettings(options=task.Options(caption_references=str(refs)))
+    first = task.options(settings)
+    refs.write_text(json.dumps({"0": ["a dog"]}))
+    assert task.options(settings) != first and first["caption_references"] == str(refs)
+    assert task.options(ScoreSettings()) == {}  # the reference experiment: default options

@@ -74,6 +74,20 @@ class Captioning(EvalTask):
                     "top_p": self.caption_top_p, "top_k": self.caption_top_k,
                     "temperature": self.caption_temperature}
 
+    def options(self, settings: EncodeSettings | ScoreSettings) -> dict[str, Any]:
+        """The changed options, plus the SHA-256 of a captions or references file: an edited file is another
+        experiment, not a repetition of the one its path named before."""
+        from pathlib import Path
+
+        from clipcache.storage.hashing import sha256_file
+
+        chosen = super().options(settings)
+        for name in ("caption_source", "caption_references"):
+            value = chosen.get(name)
+            if value and not value.startswith("cache:") and Path(value).is_file():
+                chosen[f"{name}_sha256"] = sha256_file(Path(value))
+        return chosen
+
     def serves(self, role: str, kind: str) -> bool:
         return role == "caption_text" or (role == "image" and kind == "retrieval")
 
