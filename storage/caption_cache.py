@@ -101,6 +101,30 @@ class CaptionCache:
         self._known[image_sha256] = caption
 
 
+def image_keys_path(cache_dir: str | Path, data_key: str) -> Path:
+    """Where the content keys of one dataset's images are kept (``data_key``: a digest of the images' identity):
+    a rescore finds each image's caption without decoding the image again."""
+    return Path(cache_dir) / "captions" / "image_keys" / f"{data_key}.json"
+
+
+def read_image_keys(cache_dir: str | Path, data_key: str, n: int) -> list[str] | None:
+    try:
+        keys = json.loads(image_keys_path(cache_dir, data_key).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(keys, list) and len(keys) == n and all(isinstance(k, str) and len(k) == 64 for k in keys):
+        return keys
+    return None
+
+
+def write_image_keys(cache_dir: str | Path, data_key: str, keys: list[str]) -> None:
+    from clipcache.storage.atomic import atomic_write_json
+
+    path = image_keys_path(cache_dir, data_key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, keys)
+
+
 def caption_setups(cache_dir: str | Path) -> dict[str, dict[str, Any]]:
     """Every captioning setup with captions in ``cache_dir``: key -> setup."""
     folder = Path(cache_dir) / "captions"

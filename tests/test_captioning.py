@@ -210,7 +210,13 @@ def test_per_image_rows_and_intervals(coca):
 
 
 @needs_java
-def test_a_rescore_with_other_metrics_and_references_loads_no_model(coca, tmp_path):
+def test_a_rescore_with_other_metrics_and_references_loads_no_model(coca, tmp_path, monkeypatch):
+    from clipcache.tasks.datasets.custom import ImageQueriesDataset
+
+    def no_decoding(self, index):
+        raise AssertionError("a rescore decoded an image")
+
+    monkeypatch.setattr(ImageQueriesDataset, "load_image", no_decoding)  # the images' keys were kept: none decoded
     refs = tmp_path / "refs.json"
     lines = [json.loads(x) for x in (coca["data"] / "image_queries.jsonl").read_text().splitlines()]
     refs.write_text(json.dumps({Path(line["image_path"]).name: [line["query"][-1]] for line in lines}))

@@ -91,17 +91,25 @@ def decode_tokens(ids: Any) -> str:
     return text.split("<end_of_text>")[0].replace("<start_of_text>", "").strip()
 
 
-def cached_captions(cache: CaptionCache, dataset: Any, n: int, progress: StageProgress,
-                    what: str) -> tuple[list[str | None], list[str]]:
-    """Each image's caption in ``cache`` (None where there is none) and each image's content key."""
-    captions: list[str | None] = []
-    keys: list[str] = []
-    with progress.track(f"read captions {dataset.name}", n, "img") as advance:
-        for i in range(n):
-            keys.append(image_sha256(dataset.load_image(i)))
-            captions.append(cache.get(keys[-1]))
-            advance(1)
-    return captions, keys
+def image_keys(dataset: Any, n: int, cache_dir: Any, data_key: str, progress: StageProgress) -> list[str]:
+    """Each image's content key: from the keys kept for this dataset's images (``data_key``: their identity), else
+    by decoding every image once (and kept for the next time)."""
+    from clipcache.storage.caption_cache import read_image_keys, write_image_keys
+
+    keys = read_image_keys(cache_dir, data_key, n)
+    if keys is None:
+        keys = []
+        with progress.track(f"hash images {dataset.name}", n, "img") as advance:
+            for i in range(n):
+                keys.append(image_sha256(dataset.load_image(i)))
+                advance(1)
+        write_image_keys(cache_dir, data_key, keys)
+    return keys
+
+
+def cached_captions(cache: CaptionCache, keys: list[str]) -> list[str | None]:
+    """Each image's caption in ``cache`` (None where there is none)."""
+    return [cache.get(k) for k in keys]
 
 
 def generate_missing(session: Any, dataset: Any, cache: CaptionCache, captions: list[str | None],

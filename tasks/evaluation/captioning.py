@@ -106,7 +106,7 @@ class Captioning(EvalTask):
         started = time.perf_counter()
         options = self.Options.of(settings)
         dataset, n = prepared.data, prepared.n_samples
-        captions = self._captions(session, dataset, n, store, options, settings, progress)
+        captions = self._captions(session, dataset, n, store, memo, options, settings, progress)
         outcomes: dict[str, Any] = {"captions": captions}
         references, ref_sha = self._references(dataset, n, options)
         if "clipscore" in options.caption_metrics:
@@ -116,17 +116,19 @@ class Captioning(EvalTask):
         return Encoded(outcomes, info={"references": references, "references_sha256": ref_sha},
                        seconds=time.perf_counter() - started)
 
-    def _captions(self, session: Any, dataset: Any, n: int, store: Any, options: Any, settings: EncodeSettings,
-                  progress: StageProgress) -> Any:
+    def _captions(self, session: Any, dataset: Any, n: int, store: Any, memo: Any, options: Any,
+                  settings: EncodeSettings, progress: StageProgress) -> Any:
         from pathlib import Path
 
         from clipcache.storage.caption_cache import CaptionCache, open_setup
+        from clipcache.storage.hashing import digest
         from clipcache.tasks.datasets.caption_files import read_captions
         from clipcache.tasks.evaluation.caption_sources import (
             CaptionOutcome,
             cached_captions,
             generate_missing,
             generation_setup,
+            image_keys,
         )
 
         source = options.caption_source
@@ -139,7 +141,10 @@ class Captioning(EvalTask):
         else:
             cache = CaptionCache(cache_dir, generation_setup(session, options.decoding()),
                                  create=not settings.cached_only)
-        found, keys = cached_captions(cache, dataset, n, progress, dataset.name)
+        data_key = digest({"images": dataset.image_identity(memo), "split": dataset.split, "n": n})
+        memo.save()
+        keys = image_keys(dataset, n, cache_dir, data_key, progress)
+        found = cached_captions(cache, keys)
         missing = sum(c is None for c in found)
         if missing and (source or settings.cached_only):
             where = f"captioning setup {cache.key[:12]} ({cache.setup.get('model', '?')})"
