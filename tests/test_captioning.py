@@ -308,6 +308,12 @@ def test_a_captions_file_missing_an_image_is_one_clear_error(shapes_clip):
     with pytest.raises(DatasetError, match=r"short.jsonl: no entry for image .*img1.png"):
         run(shapes_clip["model"], shapes_clip["data"], shapes_clip["root"] / "cache", caption_source=str(path),
             caption_metrics=["clipscore"])
+    bad = shapes_clip["root"] / "bad.jsonl"
+    bad.write_text('{"image": "img0.png", "captions": ["a"]}\n{"image": ')
+    with pytest.raises(DatasetError, match=r"bad.jsonl, line 2: not valid JSON"):
+        run(shapes_clip["model"], shapes_clip["data"], shapes_clip["root"] / "cache",
+            caption_source=str(captions_file(shapes_clip["root"] / "full.jsonl", lines, list(range(len(lines))))),
+            caption_references=str(bad), caption_metrics=["clipscore"])
 
 
 @needs_java

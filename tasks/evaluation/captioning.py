@@ -121,6 +121,7 @@ class Captioning(EvalTask):
         from pathlib import Path
 
         from clipcache.storage.caption_cache import CaptionCache, open_setup
+        from clipcache.storage.errors import ConfigError
         from clipcache.storage.hashing import digest
         from clipcache.tasks.datasets.caption_files import read_captions
         from clipcache.tasks.evaluation.caption_sources import (
@@ -135,6 +136,9 @@ class Captioning(EvalTask):
         if source and not source.startswith("cache:"):
             texts, sha = read_captions(source, dataset, n)
             return CaptionOutcome(tuple(texts), {"file_sha256": sha})
+        if getattr(store, "in_place", False):  # a remote cache (s3://, gs://): caption files are local only
+            raise ConfigError(f"captioning keeps its captions beside a local cache_dir; {store.root} is remote "
+                              f"(give a captions file with --caption_source, or a local --cache_dir)")
         cache_dir = Path(str(store.root))
         if source:
             cache = open_setup(cache_dir, source.removeprefix("cache:"))
