@@ -94,6 +94,7 @@ def test_a_captions_file_missing_an_image_is_one_clear_error(shapes_clip):
 
 
 @needs_java
+@pytest.mark.slow  # a local HTTP server (the fake VLM): the full tier's
 def test_converts_vlm_captions_are_scored_without_calling_the_vlm(shapes_clip, tmp_path):
     """The captions a VLM wrote through convert (its caption cache) scored against the dataset's references as an
     experiment of their own: the VLM is asked once, by convert, never by the scoring."""
