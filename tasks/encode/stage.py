@@ -232,7 +232,7 @@ def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore,
         model = session.model
         start = writer.start_position
         plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
-        with progress.track(f"encode {plural} {label}", len(texts), "txt") as advance:
+        with progress.track(f"encode {plural} {label}", len(texts), "txt") as advance, model.texts_as(kind):
             advance(start)
             # a batch-invariant model (an API) takes several batches at once (concurrent requests) and is asked
             # only for rows not yet committed; a local model gets the batches of an uninterrupted run, and the rows

@@ -2,10 +2,12 @@
 answers recorded for the same identity (model id, declared revision, request format).
 
 A provider can change the model behind a name without notice; cached vectors of the old model would then be mixed
-with new ones in one experiment. So before an API model embeds anything, it embeds two short texts and one small
-generated image; the first run of an identity records their vectors in ``<cache>/api_canaries/<fingerprint>.json``
-(written atomically), later runs compare (cosine >= 0.9999, same dimension) and stop with one line when they differ.
-A run whose embeddings are all cached never loads the model, so it sends nothing and checks nothing.
+with new ones in one experiment. So before an API model embeds its first text it embeds two short canary texts, and
+before its first image one small generated image: a run that needs no image never sends one (a text-only model is
+never asked for an image). The first run of an identity records each modality's vectors in
+``<cache>/api_canaries/<fingerprint>.json`` (written atomically; a modality seen later is added), later runs compare
+(cosine >= 0.9999, same dimension) and stop with one line when they differ. A run whose embeddings are all cached
+never loads the model, so it sends nothing and checks nothing.
 """
 
 from __future__ import annotations
@@ -38,35 +40,51 @@ def canary_image() -> Image.Image:
     return image
 
 
-def canary_names() -> list[str]:
-    return [f"text {i + 1} ({text!r})" for i, text in enumerate(CANARY_TEXTS)] + ["the generated image"]
+def canary_names(modality: str) -> list[str]:
+    if modality == "image":
+        return ["the generated image"]
+    return [f"text {i + 1} ({text!r})" for i, text in enumerate(CANARY_TEXTS)]
+
+
+def _recorded(path: Path, label: str) -> dict[str, Any]:
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+        if "vectors" in recorded and "text_vectors" not in recorded:  # written before modalities were apart
+            rows = recorded.pop("vectors")
+            recorded["text_vectors"], recorded["image_vectors"] = rows[:len(CANARY_TEXTS)], rows[len(CANARY_TEXTS):]
+        for modality in ("text", "image"):
+            if f"{modality}_vectors" in recorded:
+                np.asarray(recorded[f"{modality}_vectors"], dtype=np.float32)
+        return dict(recorded)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CacheIntegrityError(f"{label}: the recorded canary file {path} cannot be read ({type(e).__name__}); "
+                                  f"delete it to record the canaries again") from e
 
 
 def check_canaries(vectors: np.ndarray, path: Path | None, identity: dict[str, Any], label: str,
-                   revision: str) -> None:
-    """Record ``vectors`` (the canaries' answers, L2-normalised, in canary order) for this identity, or compare
-    them with the recorded ones; a ModelError naming the model, the revision and the fix when they differ."""
+                   revision: str, modality: str = "text") -> None:
+    """Record ``vectors`` (one modality's canary answers, L2-normalised, in canary order) for this identity, or
+    compare them with the recorded ones; a ModelError naming the model, the revision and the fix when they differ."""
     if path is None:  # no cache folder to keep them in (a model used outside a run): nothing to compare with
         return
-    if not path.exists():
-        atomic_write_json(path, {"identity": identity, "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
-                                 "texts": list(CANARY_TEXTS), "dim": int(vectors.shape[1]),
-                                 "vectors": vectors.astype(np.float32).tolist()})
+    recorded = _recorded(path, label) if path.exists() else {
+        "identity": identity, "texts": list(CANARY_TEXTS), "dim": int(vectors.shape[1])}
+    key = f"{modality}_vectors"
+    if key not in recorded:
+        recorded[key] = vectors.astype(np.float32).tolist()
+        recorded[f"{modality}_recorded_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+        recorded.setdefault("recorded_at", recorded[f"{modality}_recorded_at"])
+        atomic_write_json(path, recorded)
         return
-    try:
-        recorded = json.loads(path.read_text(encoding="utf-8"))
-        before = np.asarray(recorded["vectors"], dtype=np.float32)
-        when = str(recorded.get("recorded_at", "an earlier run"))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CacheIntegrityError(f"{label}: the recorded canary file {path} cannot be read ({type(e).__name__}); "
-                                  f"delete it to record the canaries again") from e
+    before = np.asarray(recorded[key], dtype=np.float32)
+    when = str(recorded.get(f"{modality}_recorded_at", recorded.get("recorded_at", "an earlier run")))
     if before.shape != vectors.shape:
         raise _drift(label, revision, path, when, f"it answers {vectors.shape[1]}-dimensional vectors, "
                                                  f"{before.shape[-1] if before.ndim == 2 else '?'} then")
     cosines = (before * vectors).sum(axis=1) / (np.linalg.norm(before, axis=1) * np.linalg.norm(vectors, axis=1))
     worst = int(np.argmin(cosines))
     if cosines[worst] < MIN_COSINE:
-        raise _drift(label, revision, path, when, f"canary {canary_names()[worst]} has cosine "
+        raise _drift(label, revision, path, when, f"canary {canary_names(modality)[worst]} has cosine "
                                                  f"{cosines[worst]:.6f} to its vector then (< {MIN_COSINE})")
 
 

@@ -6,13 +6,16 @@
   allowance (at least one unit): requests are spread evenly, and no 60-second window holds more than the limit plus
   that second's worth (a full minute's burst at the start would double the limit in the first minute). A request
   reserves its tokens before it is sent (an estimate: about 4 characters per token for text, the running mean of
-  what the server reported for an image); the server's reported usage corrects the bucket afterwards.
+  ``IMAGE_TOKENS_GUESS`` an image, or the count of ``--api_tokenizer``). The usage a server reports is shown in the
+  cost line but never throttles: servers count characters, or anything.
 - Retries, as in the captioning client (tasks/convert/captioner.py), only for what is transient: timeouts,
   connection errors, HTTP 408, 429 and 5xx, with exponential backoff and jitter; a ``Retry-After`` (or
-  ``retry-after-ms``) header sets the wait, and holds back every other request too. Other statuses and malformed
-  answers stop at once with one line naming the model.
+  ``retry-after-ms``) header sets the wait, and holds back every other request too (one beyond
+  ``api_http.MAX_RETRY_AFTER`` ends the run instead). Other statuses and malformed answers stop at once with one line
+  naming the model.
+- Answers are bounded in size and time (tasks/models/api_http.py): ``--api_timeout`` is each attempt's deadline.
 - The API key goes into the client's Authorization header and nowhere else: never into a message, a log line or a
-  file.
+  file; server text in a message is redacted first (a proxy may echo the request's headers).
 """
 
 from __future__ import annotations
@@ -28,12 +31,25 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
 from clipcache.storage.errors import ModelError
-from clipcache.tasks.convert.captioner import retry_after_seconds
-from clipcache.tasks.models.api_spec import ApiSettings
+from clipcache.tasks.models.api_http import (
+    MAX_RETRY_AFTER,
+    AnswerTooLarge,
+    DeadlinePassed,
+    Deadlines,
+    NotJson,
+    install_deadlines,
+    loads,
+    max_answer_bytes,
+    read_body,
+    redact,
+    retry_after,
+    server_text,
+)
+from clipcache.tasks.models.api_spec import ApiSettings, url_credentials
 
 T = TypeVar("T")
 
-IMAGE_TOKENS_GUESS = 85  # tokens reserved for an image before the server has reported any (OpenAI's low-detail cost)
+IMAGE_TOKENS_GUESS = 85  # tokens counted for an image (OpenAI's low-detail cost): no local count exists
 
 
 def estimate_text_tokens(texts: Sequence[str]) -> int:
@@ -90,11 +106,6 @@ class RateLimiter:
             self.sleep(delay)
         return delay
 
-    def correct(self, estimated: int, actual: int) -> None:
-        if self.tokens is not None:
-            with self._lock:
-                self.tokens.give_back(estimated - actual, self.clock())
-
     def hold(self, seconds: float) -> None:
         """Send nothing for ``seconds`` (a Retry-After applies to the whole client, not only to its request)."""
         with self._lock:
@@ -108,12 +119,9 @@ class ApiUsage:
     canary_requests: int = 0
     texts: int = 0
     images: int = 0
-    tokens_reported: int = 0
-    tokens_estimated: int = 0  # tokens of answers that reported no usage
-
-    @property
-    def tokens(self) -> int:
-        return self.tokens_reported + self.tokens_estimated
+    tokens_local: int = 0  # counted here: with --api_tokenizer, else estimated (what --api_tpm throttles on)
+    tokens_reported: int = 0  # what the server's answers said they used (never used for throttling)
+    answers_unreported: int = 0  # answers without a usage block
 
     def plus(self, other: ApiUsage) -> ApiUsage:
         return ApiUsage(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -130,17 +138,6 @@ class _Transient(Exception):
 
 class _Stopped(Exception):
     """Another request of the same call failed: this one is not sent (or retried)."""
-
-
-def _server_message(response: Any) -> str:
-    try:
-        body = response.json()
-        message = body.get("error", {}).get("message") if isinstance(body.get("error"), dict) else body.get("error")
-        text = str(message or body.get("detail") or body.get("message") or "")
-    except (ValueError, AttributeError):
-        text = response.text
-    text = " ".join(text.split())
-    return text[:200] + ("..." if len(text) > 200 else "")
 
 
 class DaemonPool:
@@ -185,10 +182,17 @@ class ApiClient:
         self.usage = ApiUsage()
         self.limiter = RateLimiter(settings.rpm, settings.tpm)
         self._usage_lock = threading.Lock()
-        self._image_tokens: list[int] = []
-        self._http = httpx.Client(headers={"Authorization": f"Bearer {api_key}"}, timeout=settings.timeout,
-                                  limits=httpx.Limits(max_connections=settings.concurrency,
-                                                      max_keepalive_connections=settings.concurrency))
+        credentials = url_credentials(settings.api_base)
+        self._secrets = [s for s in (api_key, *(credentials or ())) if s]
+        headers = {"Accept-Encoding": "gzip, deflate"}  # what read_body decompresses (with a bound)
+        if credentials is None:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._deadlines = Deadlines()
+        limits = httpx.Limits(max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency)
+        transport = httpx.HTTPTransport(limits=limits)
+        install_deadlines(transport, self._deadlines)
+        self._http = httpx.Client(headers=headers, timeout=settings.timeout, transport=transport,
+                                  auth=credentials, follow_redirects=False)
         self._pool = DaemonPool(settings.concurrency, "clipcache-api")
 
     def usage_now(self) -> ApiUsage:
@@ -201,18 +205,53 @@ class ApiClient:
         with self._usage_lock:
             self.usage = self.usage.plus(usage)
 
+    def redact(self, text: str) -> str:
+        return redact(text, self._secrets)
+
     # -- one request, with retries ---------------------------------------------------------------------------------
-    def image_tokens_guess(self) -> int:
-        with self._usage_lock:
-            seen = self._image_tokens[-100:]
-        return round(sum(seen) / len(seen)) if seen else IMAGE_TOKENS_GUESS
+    def _send(self, payload: dict[str, Any], inputs: int) -> tuple[int, bytes, Any]:
+        """(status, body, headers) of one attempt, within the request's deadline and size bounds."""
+        self._deadlines.at = deadline = time.monotonic() + self.settings.timeout
+        try:
+            with self._http.stream("POST", self.url, json=payload) as response:
+                ok = 200 <= response.status_code < 300
+                if ok:
+                    body = read_body(response, max_answer_bytes(inputs), deadline, response.iter_raw())
+                else:  # an error's text: its first 64 KiB are plenty
+                    body = b""
+                    for chunk in response.iter_raw():
+                        body += chunk
+                        if len(body) >= 65536 or time.monotonic() > deadline:
+                            break
+                    if response.headers.get("content-encoding", "").lower() in ("gzip", "deflate", "x-gzip"):
+                        body = b"(a compressed error text)"
+                return response.status_code, body, response.headers
+        finally:
+            self._deadlines.at = None
+
+    def listing(self) -> Any:
+        """The server's model listing (``GET {api_base}/models``) as JSON, or None (not offered, not JSON, too big,
+        too slow: a listing is a hint, never required)."""
+        import httpx
+
+        self._deadlines.at = deadline = time.monotonic() + min(self.settings.timeout, 10.0)
+        try:
+            with self._http.stream("GET", self.settings.api_base + "/models") as response:
+                if response.status_code != 200:
+                    return None
+                return loads(read_body(response, 1 << 20, deadline, response.iter_raw()))
+        except (httpx.HTTPError, AnswerTooLarge, DeadlinePassed, NotJson):
+            return None
+        finally:
+            self._deadlines.at = None
 
     def post(self, payload: dict[str, Any], *, estimate: int, what: str, stop: threading.Event | None = None,
-             canary: bool = False) -> tuple[Any, int]:
+             canary: bool = False, inputs: int = 1, images: bool = False) -> tuple[Any, int]:
         """The decoded JSON answer to ``payload`` and the attempts it took; ModelError when it cannot be had."""
         import httpx
 
         attempt = 0
+        where = f"{self.label} at {self.settings.api_base}"
         while True:
             if stop is not None and stop.is_set():
                 raise _Stopped
@@ -222,31 +261,40 @@ class ApiClient:
                 self.usage.retries += attempt > 0
                 self.usage.canary_requests += canary
             try:
-                response = self._http.post(self.url, json=payload)
-            except httpx.TimeoutException as e:
+                status, body, headers = self._send(payload, inputs)
+            except (httpx.TimeoutException, DeadlinePassed):
                 problem = _Transient(f"no answer within {self.settings.timeout:g} s (--api_timeout)")
-                problem.__cause__ = e
             except httpx.TransportError as e:
                 problem = _Transient(f"cannot reach {self.settings.api_base} ({type(e).__name__})")
-                problem.__cause__ = e
+            except AnswerTooLarge:
+                raise ModelError(f"{where}: the answer to {what} is larger than {max_answer_bytes(inputs) >> 20} MiB "
+                                 f"(on the wire or decompressed); nothing of it was kept; not retried") from None
+            except NotJson as e:
+                raise ModelError(f"{where}: the answer to {what} cannot be read: {self.redact(str(e))}; nothing of it "
+                                 f"was kept; not retried") from None
             else:
-                status = response.status_code
                 if 200 <= status < 300:
                     try:
-                        return response.json(), attempt + 1
-                    except ValueError as e:
-                        raise ModelError(f"{self.label}: the answer to {what} is not JSON (HTTP {status}, "
-                                         f"{len(response.content)} bytes); check --api_base and --api_format") from e
+                        return loads(body), attempt + 1
+                    except NotJson as e:
+                        raise ModelError(f"{self.label}: the answer to {what} is not JSON ({e}; HTTP {status}, "
+                                         f"{len(body)} bytes); check --api_base and --api_format") from None
                 if status not in (408, 429) and status < 500:
-                    hint = " (check the key in $" + self.settings.key_env + ")" if status in (401, 403) else ""
-                    raise ModelError(f"{self.label} at {self.settings.api_base}: HTTP {status} for {what}: "
-                                     f"{_server_message(response) or 'no message'}{hint}; not retried")
-                problem = _Transient(f"HTTP {status}", retry_after_seconds(response.headers))
-            if attempt >= self.settings.max_retries:
-                raise ModelError(f"{self.label} at {self.settings.api_base}: {problem} for {what}, after "
-                                 f"{attempt + 1} attempt(s) (--api_max_retries {self.settings.max_retries}); what was "
-                                 f"embedded is cached, so the same command continues") from problem
+                    raise ModelError(f"{where}: HTTP {status} for {what}"
+                                     f"{' at ' + self.url if status in (404, 405) else ''}: "
+                                     f"{server_text(body, self._secrets) or 'no message'}"
+                                     f"{self._hint(status, images)}; not retried") from None
+                problem = _Transient(f"HTTP {status}", retry_after(headers))
             delay = problem.retry_after
+            if delay is not None and delay > MAX_RETRY_AFTER:
+                raise ModelError(f"{where}: {problem} for {what} with Retry-After "
+                                 f"{'beyond any bound' if math.isinf(delay) else f'{delay:.0f} s'} (clipcache waits "
+                                 f"at most {MAX_RETRY_AFTER:.0f} s); what was embedded is cached, so the same command "
+                                 f"continues later") from None
+            if attempt >= self.settings.max_retries:
+                raise ModelError(f"{where}: {problem} for {what}, after {attempt + 1} attempt(s) (--api_max_retries "
+                                 f"{self.settings.max_retries}); what was embedded is cached, so the same command "
+                                 f"continues") from None
             if delay is None:
                 delay = min(self.settings.backoff_cap_seconds, self.settings.backoff_seconds * 2 ** attempt)
                 delay *= random.uniform(0.5, 1.5)  # jitter: do not retry in lock-step
@@ -259,19 +307,32 @@ class ApiClient:
                 time.sleep(delay)
             attempt += 1
 
+    def _hint(self, status: int, images: bool) -> str:
+        if status in (401, 403):
+            return f" (check the key in ${self.settings.key_env})"
+        if status in (404, 405):
+            return (" (check --api_base: it is the base URL the API's paths go under, usually ending in /v1, e.g. "
+                    "http://HOST:PORT/v1)")
+        if status in (400, 415, 422) and images:
+            from clipcache.tasks.models.api_formats import API_FORMATS
+
+            return (f" (the server may take images in another form, or not at all: --api_format "
+                    f"{self.settings.request_format} is in use; others: {', '.join(API_FORMATS.names())}; see "
+                    f"clipcache models --api-formats)")
+        return ""
+
     def count(self, *, texts: int = 0, images: int = 0, estimated: int, reported: int | None) -> None:
-        """Record an answer: what it embedded and its tokens (the server's count, else the estimate)."""
-        if reported is not None:
-            self.limiter.correct(estimated, reported)
+        """Record an answer: what it embedded, the tokens counted here (``estimated``: the tokenizer's count or the
+        estimate, which is also what --api_tpm reserved) and the server's own count, if it gave one. The server's
+        count never changes throttling: a server may count characters, or make numbers up."""
         with self._usage_lock:
             self.usage.texts += texts
             self.usage.images += images
+            self.usage.tokens_local += estimated
             if reported is None:
-                self.usage.tokens_estimated += estimated
+                self.usage.answers_unreported += 1
             else:
                 self.usage.tokens_reported += reported
-                if images and not texts:
-                    self._image_tokens.append(max(1, round(reported / images)))
 
     # -- several requests at once ----------------------------------------------------------------------------------
     def run_all(self, jobs: Sequence[Callable[[threading.Event], T]]) -> list[T]:

@@ -2,7 +2,8 @@
 OpenAI-compatible server, commercial embedding APIs).
 
 Identity (the cache key) is the endpoint's model id, the revision the user declares (``--api_revision``, default
-today's UTC date) and the request format; not the URL and not the key: the same model behind two URLs is the same
+today's UTC date), the request format and what else changes the vectors (roles off, query / document prefixes,
+``--api_dimensions``); not the URL and not the key: the same model behind two URLs is the same
 model. Whether the model behind a name is still the one the cache holds is checked by canaries when it is loaded
 (tasks/models/api_canaries.py). Resolution touches no network and imports no torch.
 """
@@ -24,6 +25,23 @@ if TYPE_CHECKING:
     from clipcache.tasks.models.base import EmbeddingModel
 
 CANARY_FOLDER = "api_canaries"
+
+
+def identity_options(settings: ApiSettings) -> dict[str, object]:
+    """What changes the vectors besides model, revision and format: the roles (when the format sends one and they are
+    off), the prefixes and the dimensions; only those set, so identities (cache keys) of runs without them stay."""
+    from clipcache.tasks.models.api_formats import get_format
+
+    options: dict[str, object] = {}
+    if not settings.roles and get_format(settings.request_format).roles:
+        options["roles"] = "off"
+    if settings.query_prefix:
+        options["query_prefix"] = settings.query_prefix
+    if settings.document_prefix:
+        options["document_prefix"] = settings.document_prefix
+    if settings.dimensions is not None:
+        options["dimensions"] = settings.dimensions
+    return options
 
 
 @dataclass(frozen=True)
@@ -50,7 +68,7 @@ class ApiLoader(ModelLoader):
         settings = ApiSettings.from_fields(spec)
         revision = spec.api_revision or today_revision()
         identity = {"loader": "api", "model": model_id, "api_revision": revision,
-                    "request_format": settings.request_format}
+                    "request_format": settings.request_format, **identity_options(settings)}
         # The canaries live beside the cache's file-hash memo: <cache_dir>/api_canaries (a local folder for a URL).
         canary_dir = str(memo.memo_path.parent / CANARY_FOLDER) if memo.memo_path is not None else None
         return ApiResolvedModel("api", model_id, None, revision, identity, f"api:{model_id}@{revision}", revision,

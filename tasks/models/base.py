@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -72,6 +73,11 @@ class EmbeddingModel(ABC):
 
     def add_usage(self, usage: ApiUsage) -> None:  # noqa: B027 (a hook: only API models count)
         """Count in this model's cost line what copies of it spent elsewhere (sharded encoding's workers)."""
+
+    def texts_as(self, kind: str) -> AbstractContextManager[None]:
+        """Texts encoded inside are of ``kind`` (query, document, prompt, caption, ...): API models send queries and
+        documents with their roles; local models embed every text the same way."""
+        return nullcontext()
 
     def close(self, report: bool = True) -> None:  # noqa: B027 (a hook: most models hold nothing to release)
         """Called once when the run is over (``report``: it completed); API models print their cost line here."""
