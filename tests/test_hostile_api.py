@@ -98,6 +98,7 @@ def good_argv(server, base: str, work: Path, *extra: str) -> list[str]:
     return argv
 
 
+@pytest.mark.full  # the real local server (a model) is needed for a run that succeeds
 def test_a_password_in_the_api_base_is_used_and_never_stored(good_server, tmp_path, capsys):
     good_server.reset()
     base = good_server.api_base.replace("http://", "http://alice:pw-SENTINEL-31@")
@@ -111,6 +112,7 @@ def test_a_password_in_the_api_base_is_used_and_never_stored(good_server, tmp_pa
 
 
 # -- #45.2: no answer poisons the cache -----------------------------------------------------------------------------
+@pytest.mark.full
 @pytest.mark.parametrize("kind", ["overflow", "denormal", "zero_b64"])
 def test_a_poisoned_vector_is_refused_and_a_rerun_gives_the_fresh_numbers(good_server, kind, tmp_path, capsys):
     good_server.reset()

@@ -146,3 +146,18 @@ def get_format(name: str) -> RequestFormat:
         raise ConfigError(f"API request format {name!r} ({API_FORMATS.origin(name)}) is not a RequestFormat (got "
                           f"{type(obj).__name__})")
     return obj
+
+
+def format_rows() -> list[tuple[str, str, str, str]]:
+    """(name, what it sends, its role mechanism, where it comes from) of every registered format."""
+    from rich.markup import escape
+
+    rows = []
+    for name in API_FORMATS.names():
+        try:
+            fmt = get_format(name)
+            what, roles = fmt.description, fmt.roles or "none: --api_query_prefix / --api_document_prefix"
+        except Exception as e:  # a broken plugin is listed with its problem, not hidden
+            what, roles = f"cannot be used: {e}", ""
+        rows.append((name, escape(what), escape(roles), API_FORMATS.origin(name)))
+    return rows
