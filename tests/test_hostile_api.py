@@ -17,10 +17,10 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from hostile import assert_refused, run_cli
 from hostile_api_server import HostileServer, inputs, send
 
 from conftest import REPO
+from hostile import assert_refused, run_cli
 
 pytestmark = pytest.mark.hostile
 
