@@ -128,6 +128,7 @@ class FakeEmbeddingServer:
         self.role_instructions = False
         self.max_model_len: int | None = None  # declared in GET /v1/models when set
         self.usage_scale = 1
+        self.owned_by = "clipcache-test"  # the model listing's owned_by ("infinity": as infinity-emb says it)
         self.delay = delay
         self.fail_next: list[int] = []
         self.retry_after = "0.05"
@@ -160,6 +161,7 @@ class FakeEmbeddingServer:
             self.hang, self.always_status, self.malformed_next, self.malformed = False, None, 0, "not_json"
             self.changed, self.report_usage = False, True
             self.roles, self.role_instructions, self.max_model_len, self.usage_scale = [], False, None, 1
+            self.owned_by = "clipcache-test"
             self.requests = 0
             self.kinds, self.image_digests, self.authorizations, self.times = [], [], [], []
             self.text_counts, self.in_flight, self.max_in_flight = [], 0, 0
@@ -254,7 +256,7 @@ class FakeEmbeddingServer:
                 if self.path != "/v1/models":
                     self._send(404, json.dumps({"detail": "Not Found"}).encode())
                     return
-                entry: dict[str, Any] = {"id": server.name, "object": "model", "owned_by": "clipcache-test"}
+                entry: dict[str, Any] = {"id": server.name, "object": "model", "owned_by": server.owned_by}
                 if server.max_model_len is not None:
                     entry["max_model_len"] = server.max_model_len
                 self._send(200, json.dumps({"object": "list", "data": [entry]}).encode())

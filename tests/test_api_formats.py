@@ -150,6 +150,27 @@ def test_dimensions_are_asked_for_and_part_of_the_identity(text_server, beir, tm
     assert recorded["identity"]["dimensions"] == 64 and len(recorded["text_vectors"][0]) == 64
 
 
+@pytest.mark.parametrize("owner,chosen", [("infinity", "infinity"), ("vllm", "openai")])
+def test_auto_reads_the_model_listing_and_records_the_format(text_server, owner, chosen, beir, local_retrieval,
+                                                             tmp_path, capsys):
+    text_server.owned_by = owner
+    code, err = cli(retrieval(tmp_path, beir, f"api:{TEXT_MODEL}", "--api_base", text_server.api_base,
+                              "--api_format", "auto"), capsys)
+    assert code == 0, err
+    [canaries] = (tmp_path / "cache" / "api_canaries").glob("*.json")
+    assert json.loads(canaries.read_text())["identity"]["request_format"] == chosen
+    assert metrics(tmp_path / "out") == local_retrieval
+
+
+def test_auto_without_a_listing_is_one_line(tmp_path, capsys):
+    from hostile_api_server import HostileServer
+
+    with HostileServer(lambda handler, headers, body: None) as server:
+        argv = ["eval", "--model", "api:m", "--api_base", server.api_base, "--api_format", "auto", "--dataset",
+                "shapes", "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"), *QUIET]
+        fails_in_one_line(argv, capsys, "--api_format auto", "gives no model listing", work=tmp_path)
+
+
 def test_the_formats_are_listed(capsys):
     from clipcache.flows.cli import main
 

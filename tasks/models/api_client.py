@@ -357,3 +357,30 @@ class ApiClient:
     def close(self) -> None:
         self._pool.shutdown()
         self._http.close()
+
+
+HOSTED_FORMATS = {"api.cohere.com": "cohere", "api.cohere.ai": "cohere", "api.voyageai.com": "voyage",
+                  "api.jina.ai": "jina"}
+
+
+def detect_format(settings: ApiSettings, model_id: str, label: str) -> str:
+    """``--api_format auto``: the format of a hosted API known by its host, else what the server's model listing
+    (``GET {api_base}/models``) says: an entry ``owned_by`` infinity is infinity's server, any other listing the
+    OpenAI form (vLLM, TEI, OpenAI). A server without a listing is one line asking for a format."""
+    import os
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(settings.api_base).hostname or "").lower()
+    if host in HOSTED_FORMATS:
+        return HOSTED_FORMATS[host]
+    client = ApiClient(settings, os.environ.get(settings.key_env, ""), "/embeddings", label)
+    try:
+        listing = client.listing()
+    finally:
+        client.close()
+    entries = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(entries, list):
+        raise ModelError(f"{label}: --api_format auto: {settings.api_base}/models gives no model listing; name the "
+                         f"format (clipcache models --api-formats)")
+    owners = {str(e.get("owned_by", "")).lower() for e in entries if isinstance(e, dict) and e.get("id") == model_id}
+    return "infinity" if "infinity" in owners else "openai"

@@ -5,7 +5,8 @@ Identity (the cache key) is the endpoint's model id, the revision the user decla
 today's UTC date), the request format and what else changes the vectors (roles off, query / document prefixes,
 ``--api_dimensions``); not the URL and not the key: the same model behind two URLs is the same
 model. Whether the model behind a name is still the one the cache holds is checked by canaries when it is loaded
-(tasks/models/api_canaries.py). Resolution touches no network and imports no torch.
+(tasks/models/api_canaries.py). Resolution touches no network (except ``--api_format auto``, which reads the
+server's model listing once) and imports no torch.
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ class ApiLoader(ModelLoader):
         if not spec.api_base:
             raise ModelError(f"model {spec.model_name!r}: --api_base is required (e.g. http://localhost:8000/v1)")
         settings = ApiSettings.from_fields(spec)
+        if settings.request_format == "auto":  # chosen once, here, and recorded in the identity
+            from dataclasses import replace
+
+            from clipcache.tasks.models.api_client import detect_format
+
+            settings = replace(settings, request_format=detect_format(settings, model_id, f"api model {model_id!r}"))
         revision = spec.api_revision or today_revision()
         identity = {"loader": "api", "model": model_id, "api_revision": revision,
                     "request_format": settings.request_format, **identity_options(settings)}
