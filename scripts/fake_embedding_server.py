@@ -127,6 +127,16 @@ def parse_inputs(body: dict) -> list[tuple[str, Any]]:
     return out
 
 
+class QuietServer(ThreadingHTTPServer):
+    """A client that hangs up (a timeout, a refused answer) is no error of the server's: no traceback on stderr."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            super().handle_error(request, client_address)
+
+
 class FakeEmbeddingServer:
     def __init__(self, port: int = 0, delay: float = 0.0, model: Any = None, name: str = MODEL):
         self.name = name
@@ -157,7 +167,7 @@ class FakeEmbeddingServer:
         self.in_flight = self.max_in_flight = 0  # requests being answered now / at most at once
         self._lock = threading.Lock()
         self._model_lock = threading.Lock()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        self.httpd = QuietServer(("127.0.0.1", port), self._handler())
         self.httpd.daemon_threads = True
         self.api_base = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)

@@ -11,6 +11,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class QuietServer(ThreadingHTTPServer):
+    """A client that hangs up (a timeout, a refused answer) is no error of the server's: no traceback on stderr."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            super().handle_error(request, client_address)
+
+
 class HostileServer:
     def __init__(self, answer: Callable[[BaseHTTPRequestHandler, dict[str, str], Any], None]):
         self.answer = answer
@@ -38,7 +48,7 @@ class HostileServer:
                     pass  # the client gave up, as it should
                 self.close_connection = True
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = QuietServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.api_base = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
