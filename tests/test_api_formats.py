@@ -74,6 +74,39 @@ def test_a_text_model_in_each_format_gives_the_local_numbers_with_roles_sent(tex
     assert sum(n for role, n in text_server.roles if role == query_role) >= 1
 
 
+@pytest.fixture(scope="module")
+def clip_server():
+    with FakeEmbeddingServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def local_zero_shot(tmp_path_factory) -> dict:
+    from clipcache.flows.cli import main
+
+    work = tmp_path_factory.mktemp("local-zs")
+    assert main(zero_shot(work, "tiny-shapes-clip")) == 0
+    return metrics(work / "out")
+
+
+def zero_shot(work: Path, model: str, *extra: str) -> list[str]:
+    return ["eval", "--model", model, "--dataset", "shapes", "--limit", "16", "--output_dir", str(work / "out"),
+            "--cache_dir", str(work / "cache"), *QUIET, *extra]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_zero_shot_classification_in_each_format_gives_the_local_numbers(clip_server, fmt, local_zero_shot, tmp_path,
+                                                                         capsys, monkeypatch):
+    """Images in each format's form, class prompts as documents: the local model's numbers."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    clip_server.reset()
+    code, err = cli(zero_shot(tmp_path, "api:tiny-shapes-clip", "--api_base", clip_server.api_base, "--api_format",
+                              fmt), capsys)
+    assert code == 0, err
+    assert metrics(tmp_path / "out") == local_zero_shot
+    assert {role for role, _ in clip_server.roles} == {SERVER_ROLES[fmt][1]}  # prompts (and canaries): documents
+
+
 def test_a_model_that_needs_roles_scores_differently_without_them(text_server, beir, local_retrieval, tmp_path,
                                                                   capsys):
     """The server puts Voyage's query / document prompts before each text of a role (a model trained with them):
