@@ -136,8 +136,17 @@ class EmbeddingEntry:
                 f"`{self.remedy('rm')}` and run the evaluation again to re-encode it")
         return self.array("norms", verify)
 
+    @property
+    def has_raw(self) -> bool:
+        """Whether the entry keeps the raw rows themselves (the model's float32 output before normalisation, bit for
+        bit); entries without them rebuild raw features as normalised row x norm (equal within ~1e-7 relative)."""
+        return "raw" in self._group
+
     def raw_embeddings(self, needed_by: str, verify: bool = True) -> np.ndarray:
-        """The features before L2 normalisation: each normalised row times its norm (float32)."""
+        """The features before L2 normalisation: the stored raw rows where the entry keeps them, else each
+        normalised row times its norm (float32; entries of earlier releases, and writers that keep norms only)."""
+        if self.has_raw:
+            return self.array("raw", verify)
         return self.embeddings(verify) * self.norms(needed_by, verify)[:, None]
 
     def blocks(self, name: str, min_rows: int) -> Iterator[tuple[int, np.ndarray]]:

@@ -10,6 +10,9 @@ if they fail, so a resumed entry is always bit-identical to an uninterrupted one
 Rows given with their norms before normalisation (``add(..., norms=...)``, what the encode stage's models give)
 keep them in a ``norms`` float32 array, written, sealed and committed with the rows: raw features are normalised
 row x norm. The first rows decide whether an entry has norms; a resumed entry keeps what its partial entry has.
+Rows given with the raw features themselves (``add(..., raw=...)``: the model's float32 output before
+normalisation) keep them in a ``raw`` float32 array the same way, for tasks that must receive the model's output to
+the last bit (row x norm differs from it in the last bits); the same first-rows and resume rules apply.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class EntryWriter:
         self.kind = kind
         self.dim: int | None = None
         self.norms: bool | None = None  # whether the entry keeps each row's norm: decided by the first rows
+        self.raw: bool | None = None  # whether it keeps the raw rows too: decided by the first rows
         self.capacity = max(int(capacity), 1)
         self.aux = aux
         self.chunk_rows = store.chunk_rows
@@ -64,7 +68,8 @@ class EntryWriter:
 
     @property
     def arrays(self) -> list[str]:
-        return ["embeddings", "position", *(["norms"] if self.norms else []), *self.aux]
+        return ["embeddings", "position", *(["norms"] if self.norms else []), *(["raw"] if self.raw else []),
+                *self.aux]
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def __enter__(self) -> EntryWriter:
@@ -108,6 +113,7 @@ class EntryWriter:
         group = open_group(self.partial, "r")
         self.dim = int(member(group, "embeddings").shape[1])
         self.norms = "norms" in group  # a partial entry from before norms were kept resumes without them
+        self.raw = "raw" in group  # the same for raw rows
         rows = int(progress["rows"])
         full = rows // self.chunk_rows * self.chunk_rows
         self.seals = {name: list(progress["seals"].get(name, []))[: full // self.chunk_rows] for name in self.arrays}
@@ -122,8 +128,8 @@ class EntryWriter:
         self.start_position = int(np.asarray(member(group, "position")[rows - 1])) + 1 if rows else 0
         self.resumed = rows > 0
 
-    def _create_arrays(self, dim: int, norms: bool) -> None:
-        self.dim, self.norms = dim, norms
+    def _create_arrays(self, dim: int, norms: bool, raw: bool = False) -> None:
+        self.dim, self.norms, self.raw = dim, norms, raw
         group = open_group(self.partial, "w")
         rows = min(self.chunk_rows, self.capacity)  # a small entry is one small chunk, not a padded full one
         group.create_array("embeddings", shape=(self.capacity, dim), chunks=(rows, dim), dtype="float32",
@@ -133,6 +139,9 @@ class EntryWriter:
         if norms:
             group.create_array("norms", shape=(self.capacity,), chunks=(rows,), dtype="float32", compressors=None,
                                fill_value=0.0)
+        if raw:
+            group.create_array("raw", shape=(self.capacity, dim), chunks=(rows, dim), dtype="float32",
+                               compressors=None, fill_value=0.0)
         for name, spec in self.aux.items():
             group.create_array(name, shape=(self.capacity, *spec.trailing_shape),
                                chunks=(rows, *spec.trailing_shape), dtype=spec.dtype, compressors=None)
@@ -148,12 +157,14 @@ class EntryWriter:
 
     # -- writing ---------------------------------------------------------------------------------------------------
     def add(self, embeddings: np.ndarray, positions: np.ndarray, norms: np.ndarray | None = None,
-            **aux: np.ndarray) -> None:
+            raw: np.ndarray | None = None, **aux: np.ndarray) -> None:
         """Buffer rows (L2-normalised) with their input positions, their norms before normalisation when the model
-        gives them, and the entry's auxiliary arrays."""
+        gives them, the raw rows when the caller keeps them (with norms only), and the entry's auxiliary arrays."""
         embeddings = np.asarray(embeddings, dtype=np.float32)
+        if raw is not None and norms is None:
+            raise ValueError("raw rows are kept with their norms: pass both")
         if self.dim is None and embeddings.ndim == 2:
-            self._create_arrays(embeddings.shape[1], norms is not None)
+            self._create_arrays(embeddings.shape[1], norms is not None, raw is not None)
         if embeddings.ndim != 2 or embeddings.shape[1] != self.dim:
             raise ValueError(f"expected embeddings of shape (n, {self.dim}), got {embeddings.shape}")
         if set(aux) != set(self.aux):
@@ -162,10 +173,16 @@ class EntryWriter:
             raise ValueError(f"expected {len(embeddings)} norms, got an array of shape {np.shape(norms)}")
         if self.norms and norms is None:
             raise ValueError(f"entry {self.key} keeps each row's norm: rows without norms cannot join it")
+        if raw is not None and np.shape(raw) != embeddings.shape:
+            raise ValueError(f"expected raw rows of shape {embeddings.shape}, got {np.shape(raw)}")
+        if self.raw and raw is None:
+            raise ValueError(f"entry {self.key} keeps the raw rows: rows without them cannot join it")
         self._pending.setdefault("embeddings", []).append(embeddings)
         self._pending.setdefault("position", []).append(np.asarray(positions, dtype=np.int64))
         if self.norms:  # norms given to an entry resumed from before they were kept are left out, as its rows were
             self._pending.setdefault("norms", []).append(np.asarray(norms, dtype=np.float32).reshape(-1))
+        if self.raw:  # raw rows given to an entry that keeps none (resumed, or its first rows had none) are left out
+            self._pending.setdefault("raw", []).append(np.asarray(raw, dtype=np.float32))
         for name, values in aux.items():
             self._pending.setdefault(name, []).append(np.asarray(values, dtype=self.aux[name].dtype))
         due = time.monotonic() - self._last_commit >= self.commit_seconds

@@ -6,7 +6,8 @@ some inputs' embeddings and a ``content_sha256`` array (rows x 32 bytes); ``pool
 created only after their batch is published, list a pool's batches. Two processes adding overlapping inputs both
 succeed; a digest found in several batches is read from the first (the vectors are the same model's on the same
 content). A batch written with each row's norm before normalisation (the encode stage's ``norms`` array) gives
-them back with ``gather_norms``, so raw vectors (row x norm) are known where every batch read has them.
+them back with ``gather_norms``, so raw vectors (row x norm) are known where every batch read has them; a batch
+that keeps the raw rows themselves (``raw``) gives the model's output bit for bit through ``gather_raw``.
 """
 
 from __future__ import annotations
@@ -65,6 +66,24 @@ class Pool:
             return None
         parts = {key: entry.norms(f"pool {self.pool[:12]}") for key, entry in entries.items()}
         return np.array([parts[key][row] for key, row in where], dtype=np.float32).reshape(len(where))
+
+
+    def gather_raw(self, where: list[tuple[str, int]]) -> tuple[np.ndarray | None, bool]:
+        """The raw vectors (before normalisation) at (batch key, row) positions, in that order, and whether each is
+        the model's output bit for bit (every batch keeps raw rows) rather than normalised row x norm (batches of
+        earlier releases); None when a batch keeps no norms either."""
+        keys = list(dict.fromkeys(key for key, _ in where))
+        entries = {key: self.store.open(key) for key in keys}
+        if not all(entry.has_raw or entry.has_norms for entry in entries.values()):
+            return None, False
+        parts = {key: entry.raw_embeddings(f"pool {self.pool[:12]}") for key, entry in entries.items()}
+        exact = all(entry.has_raw for entry in entries.values())
+        if not where:
+            return np.empty((0, 0), dtype=np.float32), exact
+        out = np.empty((len(where), parts[keys[0]].shape[1]), dtype=np.float32)
+        for i, (key, row) in enumerate(where):
+            out[i] = parts[key][row]
+        return out, exact
 
 
 class ContentPool(Pool):

@@ -106,7 +106,7 @@ def copies(tmp_path_factory):
 
 def counting(model_session, monkeypatch):
     """Count the images and texts the loaded model encodes, where every path of the bundled (two-tower) model goes
-    through: ``image_features_and_norms`` and ``encode_texts_with_norms``."""
+    through: ``image_features_and_norms`` and ``encode_texts_with_norms``, and the pools' ``encode_*_with_raw``."""
     counts = {"images": 0, "texts": 0}
     model = model_session.model
 
@@ -118,6 +118,8 @@ def counting(model_session, monkeypatch):
 
     monkeypatch.setattr(model, "image_features_and_norms", counted("images", model.image_features_and_norms))
     monkeypatch.setattr(model, "encode_texts_with_norms", counted("texts", model.encode_texts_with_norms))
+    monkeypatch.setattr(model, "encode_images_with_raw", counted("images", model.encode_images_with_raw))
+    monkeypatch.setattr(model, "encode_texts_with_raw", counted("texts", model.encode_texts_with_raw))
     return counts
 
 

@@ -223,6 +223,15 @@ def test_the_mieb_pool_keeps_the_models_norms_and_mteb_gets_raw_vectors(tmp_path
     np.testing.assert_allclose(fused, rows * norms[:, None] + text_rows * text_norms[:, None], rtol=1e-5, atol=1e-5)
     uncached = UncachedMtebEncoder(model, model_meta("x", "y")).encode(loader({"image": images, "text": texts}), **kw)
     np.testing.assert_allclose(fused, uncached, atol=1e-5)
+    # a pool batch of the previous release (norms, no raw rows): raw features rebuilt as row x norm, one warning
+    assert batch.has_raw
+    (batch.path / "raw").rename(tmp_path / "raw")
+    rebuilt = CachedMtebEncoder(model_session, EmbeddingStore(tmp_path / "cache"), batch_size=3, cached_only=True)
+    with caplog.at_level(logging.WARNING, logger="clipcache.mieb"):
+        again_fused = rebuilt.encode(loader({"image": images, "text": texts}), **kw)
+    assert "written before clipcache kept raw rows" in caplog.text
+    np.testing.assert_allclose(again_fused, fused, rtol=1e-5, atol=1e-5)
+    caplog.clear()
     # a pool batch written before norms were kept: still read, normalised vectors and one warning
     (batch.path / "norms").rename(tmp_path / "norms")
     old = CachedMtebEncoder(model_session, EmbeddingStore(tmp_path / "cache"), batch_size=3, cached_only=True)

@@ -11,13 +11,15 @@ one row per input. :class:`CachedMtebEncoder` answers from content-addressed poo
   (CIFAR10ZeroShot and CIFAR10Clustering read one dataset) share every vector, whatever the task, split or order.
 
 Only what a pool lacks is encoded, in mteb's own batches; a re-run encodes nothing and never loads the model.
-Each pool batch keeps every row's norm before normalisation beside the L2-normalised row, as the encode stage's
-entries do, so mteb receives the raw features (row x norm, float32), what mteb's CLIP, OpenCLIP and SigLIP wrappers
-hand its evaluators; an input of an image and a text (composed queries, image+question) is the sum of the two raw
-vectors, as those wrappers sum their two features. Where a vector read has no norm (a batch written before norms
-were kept, a model that cannot give them), that call's vectors are the normalised rows, and a warning says which
-(cosine scores do not change; sums, k-means and distances do). Audio, video and conversation inputs are refused in
-one line. :class:`UncachedMtebEncoder` is the same model without the cache (the parity reference and the
+Each pool batch keeps the model's raw float32 rows (and each row's norm) beside the L2-normalised rows, so mteb
+receives the raw features bit for bit, fresh or cached: what mteb's CLIP, OpenCLIP and SigLIP wrappers hand its
+evaluators (a probe's logistic regression can flip a prediction on a last-bit difference); an input of an image and a
+text (composed queries, image+question) is the sum of the two raw vectors, as those wrappers sum their two features.
+Batches of earlier releases keep norms only: their raw features are rebuilt as normalised row x norm (equal within
+~1e-7 relative), and a warning says so (delete them with ``clipcache cache`` to re-encode once). Where a vector read
+has no norm either (a model that cannot give them), that call's vectors are the normalised rows, and a warning says
+which (cosine scores do not change; sums, k-means and distances do). Audio, video and conversation inputs are
+refused in one line. :class:`UncachedMtebEncoder` is the same model without the cache (the parity reference and the
 benchmark's "mteb's own run").
 """
 
@@ -67,6 +69,15 @@ def image_sha256(image: Any) -> bytes:
     return h.digest()
 
 
+def input_columns(dataset: Any) -> set[str]:
+    """The columns an mteb dataloader's dataset holds: ``column_names`` of a ``datasets.Dataset``, or the keys of
+    ``features`` where that is all it has (the torch dataset of images mteb's image-text pair evaluator builds)."""
+    names = getattr(dataset, "column_names", None)
+    if names is None:
+        names = list(getattr(dataset, "features", None) or ())
+    return {str(name) for name in names}
+
+
 def image_pool_fields(session: ModelSession) -> dict[str, Any]:
     """The pool of a model's image vectors: everything but the content that changes a vector (the model identity
     holds the resolved preprocessing; images reach it decoded by ``datasets`` and PIL, never ``--decode gpu``)."""
@@ -99,7 +110,9 @@ def _add(keys: list[str], new: Iterable[str]) -> None:
     keys.extend(k for k in dict.fromkeys(new) if k not in keys)
 
 
-Vectors = tuple[np.ndarray, "np.ndarray | None"]  # L2-normalised rows, each row's norm before normalisation or None
+# L2-normalised rows; the raw rows (None: unknown); whether those are the model's output bit for bit (False: rebuilt
+# as row x norm from a batch of an earlier release)
+Vectors = tuple[np.ndarray, "np.ndarray | None", bool]
 
 
 class _MtebEncoder(AbsEncoder):
@@ -112,8 +125,13 @@ class _MtebEncoder(AbsEncoder):
 
     def _raw(self, task: str, sides: dict[str, Vectors]) -> list[np.ndarray]:
         """The sides' raw features, or their normalised rows (and one warning per task) when a side has no norms."""
-        raw = [rows * norms[:, None] for rows, norms in sides.values() if norms is not None]
+        raw = [r for _, r, _ in sides.values() if r is not None]
         if len(raw) == len(sides):
+            if not all(exact for _, _, exact in sides.values()) and f"{task}:rebuilt" not in self._warned:
+                self._warned.add(f"{task}:rebuilt")
+                log.warning("mteb task %s: cached vectors written before clipcache kept raw rows: their raw features "
+                            "are normalised row x norm (within ~1e-7 of the model's output, so a probe can differ in "
+                            "a prediction); delete those cache entries to re-encode them once", task)
             return raw
         if task not in self._warned:
             self._warned.add(task)
@@ -121,14 +139,14 @@ class _MtebEncoder(AbsEncoder):
                         "row's norm, or a model that cannot give them): mteb receives normalised vectors, not the "
                         "raw features mteb's CLIP-style wrappers give (cosine scores are the same; image + text "
                         "sums, clustering and distances are not)", task,
-                        " and ".join(name for name, (_, norms) in sides.items() if norms is None))
-        return [rows for rows, _ in sides.values()]
+                        " and ".join(name for name, (_, r, _) in sides.items() if r is None))
+        return [rows for rows, _, _ in sides.values()]
 
     def encode(self, inputs: Any, *, task_metadata: Any, hf_split: str, hf_subset: str,
                prompt_type: Any = None, **kwargs: Any) -> np.ndarray:
         # CLIP-style models take no instructions: mteb's prompt_type and task prompts change nothing here, as in
         # mteb's own CLIP / OpenCLIP wrappers
-        columns = set(getattr(inputs.dataset, "column_names", None) or ())
+        columns = input_columns(inputs.dataset)
         refused = sorted(columns & set(REFUSED))
         if refused:
             raise ConfigError(f"mteb task {task_metadata.name} asks for {', '.join(refused)} inputs; clipcache's "
@@ -185,17 +203,19 @@ class UncachedMtebEncoder(_MtebEncoder):
     def _image_vectors(self, batches: Iterable[list[Image.Image]], n: int, task: str) -> Vectors:
         parts = []
         for images in batches:
-            parts.append(self.model.encode_images_with_norms(torch.stack([self.model.image_transform(i)
-                                                                          for i in images])))
+            parts.append(self.model.encode_images_with_raw(torch.stack([self.model.image_transform(i)
+                                                                        for i in images])))
             self.counts.images_encoded += len(images)
         if not parts:
-            return np.empty((0, 0), np.float32), np.empty(0, np.float32)
-        norms = None if any(n is None for _, n in parts) else np.concatenate([n for _, n in parts if n is not None])
-        return np.concatenate([v for v, _ in parts]), norms
+            return np.empty((0, 0), np.float32), np.empty((0, 0), np.float32), True
+        raw = None if any(r is None for _, _, r in parts) else np.concatenate([r for _, _, r in parts
+                                                                              if r is not None])
+        return np.concatenate([v for v, _, _ in parts]), raw, True
 
     def _text_vectors(self, texts: list[str], task: str) -> Vectors:
         self.counts.texts_encoded += len(texts)
-        return self.model.encode_texts_with_norms(texts)
+        vectors, _, raw = self.model.encode_texts_with_raw(texts)
+        return vectors, raw, True
 
 
 class CachedMtebEncoder(_MtebEncoder):
@@ -221,7 +241,7 @@ class CachedMtebEncoder(_MtebEncoder):
 
         known = self.images.index()
         made: dict[bytes, np.ndarray] = {}  # vectors encoded now, by digest
-        made_norms: dict[bytes, float | None] = {}  # their norms before normalisation (None: the model gave none)
+        made_raw: dict[bytes, np.ndarray | None] = {}  # their raw rows (None: the model gave none)
         unseen: set[bytes] = set()  # cached_only: digests the pool lacks
         order: list[bytes] = []
         # one new batch entry per call, named uniquely (a batch is found through the pool's markers, never by key)
@@ -244,15 +264,15 @@ class CachedMtebEncoder(_MtebEncoder):
                                                                    aux={DIGEST_ARRAY: AuxSpec("uint8", (32,))}))
                 model = self.session.model
                 rows = sorted(todo.values())
-                # with each row's norm, as the encode stage writes its entries (the writer's first rows decide)
-                vectors, norms = model.encode_images_with_norms(torch.stack([model.image_transform(images[i])
-                                                                             for i in rows]))
+                # with each row's norm and raw row (the writer's first rows decide whether the batch keeps them)
+                vectors, norms, raw = model.encode_images_with_raw(torch.stack([model.image_transform(images[i])
+                                                                                for i in rows]))
+                raw = None if norms is None else raw
                 start = self.counts.images_encoded
-                writer.add(vectors, np.arange(start, start + len(rows), dtype=np.int64), norms=norms,
+                writer.add(vectors, np.arange(start, start + len(rows), dtype=np.int64), norms=norms, raw=raw,
                            **{DIGEST_ARRAY: digests_array([digests[i] for i in rows])})
                 made.update({digests[i]: vectors[j] for j, i in enumerate(rows)})
-                made_norms.update({digests[i]: None if norms is None else float(norms[j])
-                                   for j, i in enumerate(rows)})
+                made_raw.update({digests[i]: None if raw is None else raw[j] for j, i in enumerate(rows)})
                 self.counts.images_encoded += len(rows)
             if unseen:
                 raise CacheMissError([f"{len(unseen)} image embeddings of mteb task {task}"])
@@ -264,26 +284,26 @@ class CachedMtebEncoder(_MtebEncoder):
         self.counts.images_cached += len(cached)
         _add(self.counts.image_keys, (key for key, _ in cached))
         stored = self.images.gather(cached)
-        stored_norms = self.images.gather_norms(cached)
+        stored_raw, exact = self.images.gather_raw(cached)
         if not order:
-            return np.empty((0, 0), np.float32), np.empty(0, np.float32)
+            return np.empty((0, 0), np.float32), np.empty((0, 0), np.float32), True
         dim = stored.shape[1] if len(cached) else len(next(iter(made.values())))
         out = np.empty((len(order), dim), np.float32)
-        out_norms: np.ndarray | None = np.empty(len(order), np.float32)
-        if stored_norms is None or any(v is None for v in made_norms.values()):
-            out_norms = None
+        out_raw: np.ndarray | None = np.empty((len(order), dim), np.float32)
+        if stored_raw is None or any(v is None for v in made_raw.values()):
+            out_raw = None
         j = 0
         for i, d in enumerate(order):
             if d in made:
                 out[i] = made[d]
-                if out_norms is not None:
-                    out_norms[i] = made_norms[d]
+                if out_raw is not None:
+                    out_raw[i] = made_raw[d]
             else:
                 out[i] = stored[j]
-                if out_norms is not None and stored_norms is not None:
-                    out_norms[i] = stored_norms[j]
+                if out_raw is not None and stored_raw is not None:
+                    out_raw[i] = stored_raw[j]
                 j += 1
-        return out, out_norms
+        return out, out_raw, exact
 
     def _text_vectors(self, texts: list[str], task: str) -> Vectors:
         from clipcache.tasks.contract import CacheMissError
@@ -305,4 +325,5 @@ class CachedMtebEncoder(_MtebEncoder):
         _add(self.counts.text_keys, lookup.batch_keys)
         where = [(lookup.batch_keys[b], int(r)) for b, r in zip(lookup.batch.tolist(), lookup.row.tolist(),
                                                                  strict=True)]
-        return pool.gather(lookup), pool.gather_norms(where)
+        raw, exact = pool.gather_raw(where)
+        return pool.gather(lookup), raw, exact

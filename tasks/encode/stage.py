@@ -156,7 +156,8 @@ def encode_prompts(session: ModelSession, prompts: list[str], store: EmbeddingSt
         fields = {"role": "prompt-batch", "pool": pool.pool, "texts": digest(missing)}
         outcome = encode_texts(session, missing, store, fields, kind="prompt", batch_size=batch_size,
                                progress=progress, label=label,
-                               aux_values={"text_sha256": text_sha256(missing)}, meta={"dataset": label})
+                               aux_values={"text_sha256": text_sha256(missing)}, meta={"dataset": label},
+                               raw=True)  # a few texts: their raw rows too, for mteb's raw features bit for bit
         pool.register(outcome.ref.key)
         encoded = outcome.encoded
     return PromptOutcome(pool.pool, pool.lookup(prompts), encoded)
@@ -219,7 +220,8 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
 def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore, key_fields: dict, *, kind: str,
                  batch_size: int, progress: StageProgress, label: str, aux_values: dict[str, np.ndarray] | None = None,
                  meta: dict[str, Any] | None = None,
-                 extra_arrays: dict[str, np.ndarray] | None = None) -> EncodeOutcome:
+                 extra_arrays: dict[str, np.ndarray] | None = None, raw: bool = False) -> EncodeOutcome:
+    """Encode ``texts`` into one entry (resumable); ``raw``: keep the raw rows too, where the model gives them."""
     if not texts:
         raise DatasetError(f"{label}: there are no {kind}s to encode")
     if store.has(entry_key(key_fields)):
@@ -241,11 +243,17 @@ def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore,
             for lo in range((start // batch_size) * batch_size, len(texts), window):
                 hi = min(lo + window, len(texts))
                 first = max(start, lo)
-                vectors, norms = (model.encode_text_batches([texts[i:min(i + batch_size, hi)]
-                                                             for i in range(first, hi, batch_size)])
-                                  if model.batch_invariant else
-                                  _rows_from(model.encode_texts_with_norms(texts[lo:hi]), first - lo))
-                writer.add(vectors, np.arange(first, hi, dtype=np.int64), norms=norms,
+                raw_rows = None
+                if model.batch_invariant:
+                    vectors, norms = model.encode_text_batches([texts[i:min(i + batch_size, hi)]
+                                                                for i in range(first, hi, batch_size)])
+                elif raw:
+                    vectors, norms, raw_rows = model.encode_texts_with_raw(texts[lo:hi])
+                    vectors, norms = _rows_from((vectors, norms), first - lo)
+                    raw_rows = None if raw_rows is None or norms is None else raw_rows[first - lo:]
+                else:
+                    vectors, norms = _rows_from(model.encode_texts_with_norms(texts[lo:hi]), first - lo)
+                writer.add(vectors, np.arange(first, hi, dtype=np.int64), norms=norms, raw=raw_rows,
                            **{name: v[first:hi] for name, v in aux_values.items()})
                 advance(hi - first)
         ref = writer.finish(meta={"model": session.resolved.display_name, **(meta or {})}, extra_arrays=extra_arrays)

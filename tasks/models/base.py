@@ -55,6 +55,15 @@ class EmbeddingModel(ABC):
     def encode_texts_with_norms(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
         return self.encode_texts(texts), None
 
+    # The raw features themselves, for caches that keep them (the mteb encoder's pools: mteb's CLIP-style wrappers
+    # hand its evaluators the model's output, and row x norm differs from it in the last bits): (normalised rows,
+    # norms, raw float32 rows), the last two None where the model cannot give them.
+    def encode_images_with_raw(self, pixels: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        return (*self.encode_images_with_norms(pixels), None)
+
+    def encode_texts_with_raw(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        return (*self.encode_texts_with_norms(texts), None)
+
     # How many text batches a batch-invariant model takes in one call of ``encode_text_batches`` (an API model: one
     # request per batch, this many in flight); the encode stage hands it that many at once.
     text_batches_at_once: int = 1
@@ -127,6 +136,18 @@ class TwoTowerModel(EmbeddingModel):
 
     def encode_texts(self, texts: list[str]) -> np.ndarray:
         return self.encode_texts_with_norms(texts)[0]
+
+    def encode_images_with_raw(self, pixels: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        with torch.inference_mode(), autocast(self.device, self.amp):
+            raw = self._encode_image(self._to_device(pixels))
+            features, norms = _normalised_and_norms(raw)
+        return features.cpu().numpy(), norms.cpu().numpy(), raw.float().cpu().numpy()
+
+    def encode_texts_with_raw(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        with torch.inference_mode(), autocast(self.device, self.amp):
+            raw = self._encode_text(self._to_device(self.tokenize(texts)))
+            features, norms = _normalised_and_norms(raw)
+        return features.cpu().numpy(), norms.cpu().numpy(), raw.float().cpu().numpy()
 
 
 def _normalised_and_norms(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,185 @@
+"""mieb:<task> against mteb itself: mteb's own ``evaluate`` with a reference encoder written here to mteb's model
+protocol (open_clip's tiny bundled model loaded by open_clip, raw features as mteb's OpenCLIP wrapper returns them;
+no clipcache code), and ``mieb:<task>`` through clipcache's cache on the same locally built copy, every score of
+mteb's result within 1e-6; per task type: compositionality (image-text pair classification, whose evaluator hands
+the encoder a dataset with ``features`` only) and the image-classification linear probe (mteb's seeds, 5
+experiments), where the raw features must be the model's output to the last bit, fresh and cached."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from clipcache.storage.embedding_store import EmbeddingStore
+from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.datasets import shapes
+from clipcache.tasks.encode.stage import ModelSession
+from clipcache.tasks.evaluation import evaluate_one
+from clipcache.tasks.evaluation.base import DataSource, EncodeSettings
+from clipcache.tasks.models.resolve import resolve_model
+from clipcache.tasks.models.spec import ModelSpec
+
+BATCH = 8
+ASSET = Path(__file__).parents[1] / "tasks" / "models" / "assets" / "tiny-shapes-clip"
+
+
+def reference_encoder():
+    """An encoder to mteb's protocol around open_clip's own load of the bundled checkpoint: each batch's images and
+    texts through open_clip's preprocess / tokenizer and ``encode_image`` / ``encode_text``, raw (not normalised),
+    an image+text input the sum of both, as mteb's OpenCLIP wrapper does."""
+    import open_clip
+    from mteb.models.abs_encoder import AbsEncoder
+    from mteb.models.model_meta import ModelMeta, ScoringFunction
+
+    model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{ASSET}", device="cpu")
+    model.eval()
+    tokenizer = open_clip.get_tokenizer(f"local-dir:{ASSET}")
+
+    class Reference(AbsEncoder):
+        def __init__(self):
+            self.mteb_model_meta = ModelMeta.create_empty(overwrites={
+                "name": "reference/tiny-shapes-clip", "revision": "1", "modalities": ["text", "image"],
+                "similarity_fn_name": ScoringFunction.COSINE})
+            self.images_seen = 0
+
+        def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
+            out = []
+            with torch.inference_mode():
+                for batch in inputs:
+                    parts = []
+                    if "image" in batch:
+                        self.images_seen += len(batch["image"])
+                        pixels = torch.stack([preprocess(image) for image in batch["image"]])
+                        parts.append(model.encode_image(pixels).float())
+                    if "text" in batch:
+                        parts.append(model.encode_text(tokenizer(list(batch["text"]))).float())
+                    out.append(sum(parts[1:], parts[0]).numpy())
+            return np.concatenate(out)
+
+    return Reference()
+
+
+def session() -> tuple[ModelSession, FileHashMemo]:
+    memo = FileHashMemo(None)
+    return ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo), torch.device("cpu"),
+                        amp=False, precision="fp32"), memo
+
+
+def write_parquet(root: Path, split: str, columns: dict, features: dict) -> None:
+    from datasets import Dataset, Features
+
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    Dataset.from_dict(columns, features=Features(features)).to_parquet(str(root / "data" / f"{split}-00000-of-00001.parquet"))
+
+
+def write_winoground_copy(root: Path, n: int = 12) -> Path:
+    """facebook/winoground's columns (image_0, image_1, caption_0, caption_1): shapes images, each caption naming
+    its image's class, so a good model gets most pairs right and a last-bit change could not hide."""
+    from datasets import Image, Value
+
+    ds = shapes.load_shapes("fixture", "zeroshot_classification", "test", 2 * n)
+    names = [shapes.CLASSNAMES[int(x)] for x in ds.labels]
+    write_parquet(root, "test", {
+        "id": list(range(n)),
+        "image_0": [ds.load_image(2 * i) for i in range(n)], "image_1": [ds.load_image(2 * i + 1) for i in range(n)],
+        "caption_0": [f"a photo of a {names[2 * i]}." for i in range(n)],
+        "caption_1": [f"a photo of a {names[2 * i + 1]}." for i in range(n)],
+    }, {"id": Value("int64"), "image_0": Image(), "image_1": Image(), "caption_0": Value("string"),
+        "caption_1": Value("string")})
+    return root
+
+
+def write_dtd_copy(root: Path) -> Path:
+    """mteb/dtd's layout: data/{train,test}-*.parquet with columns image, label; 6 classes, 20 train images each
+    (mteb draws 16 per label in each of its 5 experiments) and 36 test images."""
+    from datasets import ClassLabel, Image
+
+    def split(name: str, per_class: int) -> None:
+        ds = shapes.load_shapes("fixture", "zeroshot_classification", name, 400)
+        picked = [i for c in range(6) for i in np.flatnonzero(ds.labels == c)[:per_class]]
+        write_parquet(root, name, {"image": [ds.load_image(int(i)) for i in picked],
+                                   "label": [int(ds.labels[i]) for i in picked]},
+                      {"image": Image(), "label": ClassLabel(names=list(shapes.CLASSNAMES[:6]))})
+
+    split("train", 20)
+    split("test", 6)
+    return root
+
+
+def mteb_reference(name: str, root: Path):
+    """mteb.evaluate on the local copy with the reference encoder: the task's scores of split test."""
+    import mteb
+
+    task = mteb.get_task(name)
+    task.metadata = task.metadata.model_copy(update={"dataset": {**task.metadata.dataset, "path": str(root)}})
+    encoder = reference_encoder()
+    result = mteb.evaluate(encoder, task, cache=None, co2_tracker=False, show_progress_bar=False,
+                           encode_kwargs={"batch_size": BATCH})
+    [scores] = result.task_results[0].scores["test"]
+    return scores
+
+
+def assert_equal_scores(ours: dict[str, float], theirs: dict) -> None:
+    numbers = {k: v for k, v in theirs.items() if v is None or isinstance(v, int | float)}
+    assert {k.removeprefix("mteb_") for k in ours} == set(numbers) and len(numbers) >= 3
+    for key, value in numbers.items():
+        mine = ours[f"mteb_{key}"]
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            assert math.isnan(mine), key
+        else:
+            assert mine == pytest.approx(value, abs=1e-6), key
+
+
+@pytest.fixture(scope="module")
+def copies(tmp_path_factory):
+    base = tmp_path_factory.mktemp("mieb-parity")
+    return {"Winoground": write_winoground_copy(base / "winoground"), "DTD": write_dtd_copy(base / "dtd")}
+
+
+@pytest.mark.parametrize("name", ["Winoground", "DTD"])
+def test_equal_to_mteb_with_a_reference_encoder_and_a_cached_rerun_loads_no_model(name, copies, tmp_path):
+    theirs = mteb_reference(name, copies[name])
+    model_session, memo = session()
+    store = EmbeddingStore(tmp_path / "cache")
+    source = DataSource(f"mieb:{name}", str(copies[name]))
+    scored = evaluate_one("mieb", model_session, source, store, memo, encode=EncodeSettings(BATCH, 0))
+    assert_equal_scores(scored.metrics, theirs)
+    assert 0.3 < scored.metrics["mteb_main_score"] <= 1  # not a degenerate set
+    again, _ = session()
+    rerun = evaluate_one("mieb", again, source, store, memo, encode=EncodeSettings(BATCH, 0))
+    assert again.loads == 0
+    assert rerun.metrics.keys() == scored.metrics.keys()
+    assert all(math.isnan(v) and math.isnan(scored.metrics[k]) or v == scored.metrics[k]
+               for k, v in rerun.metrics.items())
+
+
+def test_the_probe_gets_the_models_raw_output_bit_for_bit_fresh_and_cached(copies, tmp_path):
+    """What mteb's probe receives through the cache is the reference encoder's output itself (not row x norm),
+    on the first run (encoded now) and on a rerun (read from the pool)."""
+    import datasets
+    import mteb
+    from datasets import load_dataset
+
+    from clipcache.tasks.encode.mteb_encoder import CachedMtebEncoder
+
+    test = load_dataset(str(copies["DTD"]), split="test")
+    images = [image.convert("RGB") for image in test["image"]]
+    loader = torch.utils.data.DataLoader(datasets.Dataset.from_dict({"image": images}), batch_size=BATCH,
+                                         collate_fn=lambda rows: {"image": [r["image"] for r in rows]})
+    kw = {"task_metadata": mteb.get_task("DTD").metadata, "hf_split": "test", "hf_subset": "default"}
+    expected = reference_encoder().encode(loader, **kw)
+    model_session, _ = session()
+    store = EmbeddingStore(tmp_path / "cache")
+    fresh = CachedMtebEncoder(model_session, store, batch_size=BATCH).encode(loader, **kw)
+    assert fresh.dtype == np.float32 and np.array_equal(fresh, expected)
+    again, _ = session()
+    cached = CachedMtebEncoder(again, store, batch_size=BATCH, cached_only=True).encode(loader, **kw)
+    assert again.loads == 0 and np.array_equal(cached, expected)
+    rows = expected / np.linalg.norm(expected, axis=1, keepdims=True)
+    norms = np.linalg.norm(expected, axis=1)
+    # row x norm, what earlier releases handed mteb, is not the model's output
+    assert not np.array_equal(rows.astype(np.float32) * norms[:, None].astype(np.float32), expected)
