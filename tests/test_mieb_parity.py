@@ -183,3 +183,49 @@ def test_the_probe_gets_the_models_raw_output_bit_for_bit_fresh_and_cached(copie
     norms = np.linalg.norm(expected, axis=1)
     # row x norm, what earlier releases handed mteb, is not the model's output
     assert not np.array_equal(rows.astype(np.float32) * norms[:, None].astype(np.float32), expected)
+
+
+def test_the_mteb_export_files_each_result_under_the_split_and_subset_it_was_evaluated_on(tmp_path, capsys):
+    """STSBenchmarkMultilingualVisualSTS evaluates dev and test (the table lists dev): a test result in German and
+    a dev result in English are written under test/de and dev/en, and mteb reads both back as such."""
+    from datetime import UTC, datetime
+
+    import mteb
+
+    from clipcache.storage.experiment import Experiment
+    from clipcache.storage.results import new_run_id, write_metric_rows, write_run_row
+
+    from hostile import run_cli
+
+    out, when, name = tmp_path / "out", datetime(2026, 1, 1, tzinfo=UTC), "STSBenchmarkMultilingualVisualSTS"
+    run_id = new_run_id()
+    rows = []
+    for split, language, value in (("test", "de", 0.25), ("dev", "en", 0.75)):
+        experiment = Experiment(model="tiny-shapes-clip", checkpoint="tag:none", dataset=f"mieb:{name}", split=split,
+                                language=language, task="mieb", sample_limit=None, default_prompts=True, prompts=None)
+        rows.append({"run_id": run_id, "created_at": when, **experiment.columns(), "model_fingerprint": "f",
+                     "metric": "mteb_main_score", "k": None, "value": value, "higher_is_better": True,
+                     "n_samples": 10, "cache_keys": ["a"], "clipcache_version": "0.2.0"})
+    write_metric_rows(out, run_id, rows)
+    write_run_row(out, {"run_id": run_id, "created_at": when, "finished_at": when, "status": "completed",
+                        "kind": "evaluate", "config": {"x": 1}, "versions": {}, "device": "cpu", "durations": {},
+                        "clipcache_version": "0.2.0"})
+    suite = tmp_path / "sts.yaml"
+    suite.write_text("name: sts\ndatasets:\n" + "".join(
+        f"  - dataset: \"mieb:{name}\"\n    task: mieb\n    main_metric: mteb_main_score\n    split: {split}\n"
+        f"    language: {language}\n" for split, language in (("test", "de"), ("dev", "en"))))
+    code, stdout, err = run_cli(["suite", "export", str(suite), "--format", "mteb", "--out", str(tmp_path / "mteb"),
+                                 "--output_dir", str(out)], capsys)
+    assert code == 0, err
+    path = tmp_path / "mteb" / "results" / "tiny-shapes-clip" / "no_revision_available" / f"{name}.json"
+    result = mteb.TaskResult.from_disk(path)
+    filed = {(split, s["hf_subset"]): s["main_score"] for split, scores in result.scores.items() for s in scores}
+    assert filed == {("test", "de"): 0.25, ("dev", "en"): 0.75}
+    assert result.get_score(splits=["test"], languages=["deu"]) == 0.25
+    assert result.get_score(splits=["dev"], languages=["eng"]) == 0.75
+    loaded = mteb.ResultCache(tmp_path / "mteb").load_results(include_remote=False, validate_and_filter=True,
+                                                              tasks=[name])
+    [model] = loaded.model_results
+    [back] = model.task_results
+    got = {(split, s["hf_subset"]): s.get("main_score") for split, scores in back.scores.items() for s in scores}
+    assert {k: v for k, v in got.items() if v is not None and v == v} == {("test", "de"): 0.25, ("dev", "en"): 0.75}

@@ -13,6 +13,12 @@ accuracy on test is ``CIFAR10ZeroShot``'s ``accuracy``). Only a result of the ma
 probe of ``cifar10`` is never written as ``CIFAR10ZeroShot``. A dataset named ``mieb:<TaskName>`` is that task, run by
 mteb's own evaluator (tasks/evaluation/mieb_runner.py: task ``mieb``, metric ``mteb_main_score``).
 mteb itself is not needed to write the files (it is a test dependency: the tests read them back with it).
+
+Each score is filed under the split and hf subset its result was evaluated on, read from the result row: a
+``mieb:<TaskName>`` result keeps its own split (a task with dev and test results gets both) and language (the
+hf subset of a multilingual task); a clip_benchmark dataset's result is filed under the MIEB split its (dataset,
+split) pair stands for in the table (``food101`` test is Food101ZeroShot's ``validation``: another name for the
+same data, not a guess).
 """
 
 from __future__ import annotations
@@ -100,12 +106,25 @@ def _source(entry: SuiteEntry, task: MiebTask) -> tuple[str, str] | None:
     return None if task.task is None or task.metric is None else (task.task, task.metric)
 
 
-def _value(con: Any, score: ModelScore, entry: SuiteEntry, source: tuple[str, str]) -> tuple[float, str] | None:
-    """The mapped task's metric of this model on the entry's dataset (newest reference run), with its experiment."""
-    values, experiments = [], set()
+@dataclass(frozen=True)
+class Found:
+    """A result that is a MIEB task's main score: its value, experiment, and the split and language it was
+    evaluated on (the result's own columns)."""
+
+    value: float
+    experiment_id: str
+    split: str
+    language: str
+
+
+def _value(con: Any, score: ModelScore, entry: SuiteEntry, source: tuple[str, str]) -> Found | None:
+    """The mapped task's metric of this model on the entry's dataset (newest reference run), with its experiment
+    and the split and language the result records."""
+    values, experiments, evaluated = [], set(), set()
     for metric, k in metric_parts(source[1]):
         row = con.execute(
-            "SELECT value, experiment_id FROM leaderboard WHERE model = ? AND pretrained IS NOT DISTINCT FROM ? AND "
+            "SELECT value, experiment_id, split, language FROM leaderboard WHERE model = ? AND pretrained IS NOT "
+            "DISTINCT FROM ? AND "
             "checkpoint IS NOT DISTINCT FROM ? AND precision IS NOT DISTINCT FROM ? AND dataset = ? AND split = ? "
             "AND language = ? AND task = ? AND metric = ? AND k IS NOT DISTINCT FROM ? AND value IS NOT NULL",
             [*score.model, entry.dataset, entry.split, entry.language, source[0], metric, k]).fetchone()
@@ -113,9 +132,11 @@ def _value(con: Any, score: ModelScore, entry: SuiteEntry, source: tuple[str, st
             return None
         values.append(float(row[0]))
         experiments.add(row[1])
-    if len(experiments) != 1:
+        evaluated.add((str(row[2]), str(row[3])))
+    if len(experiments) != 1 or len(evaluated) != 1:
         return None
-    return float(np.mean(values)), experiments.pop()
+    [(split, language)] = evaluated
+    return Found(float(np.mean(values)), experiments.pop(), split, language)
 
 
 def _subset(task: MiebTask, language: str) -> str | None:
@@ -145,18 +166,20 @@ def mteb_task_results(con: Any, suite: Suite, score: ModelScore) -> dict[str, di
         source = None if task is None else _source(entry, task)
         if task is None or source is None:
             continue
-        subset = _subset(task, entry.language)
         got = _value(con, score, entry, source)
+        subset = None if got is None else _subset(task, got.language)
         if subset is None or got is None:
             continue
-        value, experiment_id = got
+        # mteb's split: the result's own for a mieb:<TaskName> run; for a clip_benchmark dataset, the MIEB split
+        # its (dataset, split) stands for (mieb_counterpart matched that pair)
+        split = got.split if entry.dataset.startswith(MIEB_PREFIX) else task.split
         result = found.setdefault(task.name, {
             "dataset_revision": task.revision, "task_name": task.name, "mteb_version": mteb_version(),
-            "scores": {task.split: []}, "evaluation_time": None, "kg_co2_emissions": None, "date": None,
+            "scores": {}, "evaluation_time": None, "kg_co2_emissions": None, "date": None,
             "evaluation_phases": None})
-        result["scores"][task.split].append({
-            task.main_score: round(value, 6), "main_score": round(value, 6), "hf_subset": subset,
-            "languages": task.subsets[subset], "clipcache_experiment_id": experiment_id})
+        result["scores"].setdefault(split, []).append({
+            task.main_score: round(got.value, 6), "main_score": round(got.value, 6), "hf_subset": subset,
+            "languages": task.subsets[subset], "clipcache_experiment_id": got.experiment_id})
     return found
 
 
