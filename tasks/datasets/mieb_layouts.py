@@ -172,9 +172,14 @@ def _read_pairs(name: str, path: Path, images: ImageList, limit: int | None) -> 
 
 
 def _read_sts_parquet(name: str, files: list[Path], images: ImageList, limit: int | None) -> VisualStsData:
+    """Each distinct image once (MIEB's rendered sets repeat sentences, so cells repeat images): cells with the same
+    bytes are one row of ``images``, the first cell that holds them; a cell without bytes stays its own row (the
+    encoder names it)."""
     import pyarrow.parquet as pq
 
     gold: list[float] = []
+    pairs: list[list[int]] = []
+    rows: dict[bytes, int] = {}  # SHA-256 of a cell's image bytes -> its row in ``images``
     for file in files:
         if limit is not None and len(gold) >= limit:
             break
@@ -182,14 +187,30 @@ def _read_sts_parquet(name: str, files: list[Path], images: ImageList, limit: in
         if missing:
             raise DatasetError(f"{file}: not a visual STS set (no column {', '.join(sorted(missing))}; MIEB's "
                                f"rendered sets have {', '.join(STS_COLUMNS)} and score)")
-        scores = _read_parquet(file, ["score"]).column("score").to_pylist()
+        table = _read_parquet(file, ["score", *STS_COLUMNS])
+        scores = table.column("score").to_pylist()
         for row, value in enumerate(scores[:None if limit is None else limit - len(gold)]):
             gold.append(_gold(value, f"{file} row {row}"))
+            pair = []
             for column in STS_COLUMNS:
-                images.sources.append((file, row, column))
-                images.where.append(f"{file} row {row} column {column}")
-    pairs = np.arange(2 * len(gold), dtype=np.int64).reshape(-1, 2)
-    return VisualStsData(name, images.split, images.root, images, pairs, gold, None, files)
+                content = _cell_digest(table.column(column)[row].as_py())
+                if content is None or content not in rows:
+                    if content is not None:
+                        rows[content] = len(images.sources)
+                    images.sources.append((file, row, column))
+                    images.where.append(f"{file} row {row} column {column}")
+                pair.append(len(images.sources) - 1 if content is None else rows[content])
+            pairs.append(pair)
+    return VisualStsData(name, images.split, images.root, images, np.asarray(pairs, np.int64).reshape(-1, 2), gold,
+                         None, files)
+
+
+def _cell_digest(value: Any) -> bytes | None:
+    """The SHA-256 of an image cell's bytes (an HF image struct or plain bytes); None when it holds none."""
+    import hashlib
+
+    data = value.get("bytes") if isinstance(value, dict) else value
+    return hashlib.sha256(bytes(data)).digest() if isinstance(data, bytes | bytearray) and data else None
 
 
 # -- multiple choice ----------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 two images' embeddings ranks pairs as people scored their similarity. Metrics and their definitions, mteb's exactly,
 in tasks/score/sts.py; the layouts (``pairs.jsonl``, or MIEB's Parquet files) in tasks/datasets/mieb_layouts.py.
 
-The images of both sides are one cache entry (role ``pair_image``; a file used by several pairs is encoded once),
+The images of both sides are one cache entry (role ``pair_image``; a file, or Parquet cells with the same bytes, used by
+several pairs is encoded once),
 so a rescore reads the folder's gold scores and the cache only. The similarities are taken on the raw features
 (normalised row x its stored norm), as mteb's CLIP-style wrappers give them to its evaluator. Each pair is a sample row (unit ``pair``: its cosine
 similarity in ``score``, its gold score as given in ``value``), from which every stored correlation recomputes.
