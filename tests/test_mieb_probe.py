@@ -151,6 +151,7 @@ def test_an_entry_without_norms_is_one_line_for_raw_features_and_fine_for_normal
 
     evaluate, _ = run
     monkeypatch.setattr(EmbeddingEntry, "has_norms", property(lambda self: False))  # as written before norms
+    monkeypatch.setattr(EmbeddingEntry, "has_raw", property(lambda self: False))  # (and before raw rows)
     with pytest.raises(CacheIntegrityError) as e:
         evaluate()
     assert len(str(e.value).splitlines()) == 1 and "mieb_linear_probe needs the raw features" in str(e.value)

@@ -129,3 +129,49 @@ def test_encoded_norms_are_the_models_raw_features_and_the_rows_keep_their_bits(
     np.testing.assert_array_equal(text_entry.embeddings(), model.encode_texts(texts[:2]).tolist()
                                   + model.encode_texts(texts[2:]).tolist())
 
+
+
+def test_entries_of_tasks_that_hand_raw_features_on_keep_the_models_output_bit_for_bit(tmp_path, session):
+    """``raw=True`` (visual STS, multiple choice, composed retrieval, MIEB's probe, the mteb encoder's pools): the
+    entry keeps the raw rows, equal to the model's output on the same batches to the last bit (row x norm is not),
+    and the normalised rows keep their bits; an interrupted encode resumes with them; without ``raw``, none."""
+    ds = load_shapes("shapes", "zeroshot_classification", "test", None, size=24)
+    model = session.model
+    pixels = torch.stack([model.image_transform(ds.load_image(i)) for i in range(len(ds))])
+    with torch.inference_mode():
+        raw = torch.cat([model._encode_image(pixels[lo:lo + 10]) for lo in range(0, 24, 10)]).float().numpy()
+    fields = image_key_fields(session, ds.identity(FileHashMemo(None)), "test", None)
+    settings = EncodeSettings(10, 0, "error")
+    store = EmbeddingStore(tmp_path / "raw", chunk_rows=CHUNK_ROWS)
+    entry = store.open(encode_images(session, ds, store, fields, settings, StageProgress(enabled=False),
+                                     raw=True).ref.key)
+    assert entry.has_raw and "raw" in entry.array_names() and not entry.verify()
+    np.testing.assert_array_equal(entry.raw_embeddings("test"), raw)
+    assert not np.array_equal(entry.embeddings() * entry.norms("test")[:, None], raw)
+    plain = EmbeddingStore(tmp_path / "plain", chunk_rows=CHUNK_ROWS)
+    other = plain.open(encode_images(session, ds, plain, fields, settings, StageProgress(enabled=False)).ref.key)
+    assert not other.has_raw
+    np.testing.assert_array_equal(other.embeddings(), entry.embeddings())
+    np.testing.assert_array_equal(other.norms("test"), entry.norms("test"))
+
+    data, norms = unit_rows(3 * CHUNK_ROWS + 11)  # the writer: raw rows sealed, committed and resumed with the rows
+    raw_rows = data * norms[:, None] + np.float32(1e-3)
+    killed = EmbeddingStore(tmp_path / "killed", chunk_rows=CHUNK_ROWS)
+    positions = np.arange(len(data))
+
+    def write(fail_after=None):
+        with killed.writer(FIELDS, "image", capacity=len(data), aux={}) as w:
+            for lo in range(int(w.start_position), len(data), 50):
+                if fail_after is not None and lo >= fail_after:
+                    raise KeyboardInterrupt("simulated crash")
+                w.add(data[lo:lo + 50], positions[lo:lo + 50], norms=norms[lo:lo + 50], raw=raw_rows[lo:lo + 50])
+            return w.finish()
+
+    with pytest.raises(KeyboardInterrupt):
+        write(fail_after=150)
+    resumed = killed.open(write().key)
+    assert not resumed.verify()
+    np.testing.assert_array_equal(resumed.raw_embeddings("test"), raw_rows)
+    with pytest.raises(ValueError, match="raw rows are kept with their norms"):
+        with EmbeddingStore(tmp_path / "bad").writer(FIELDS, "image", capacity=2, aux={}) as w:
+            w.add(data[:2], positions[:2], raw=raw_rows[:2])

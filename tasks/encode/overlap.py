@@ -32,19 +32,24 @@ class PendingVectors:
     device; ``result()`` waits for them (in the writer thread)."""
 
     def __init__(self, host: torch.Tensor | np.ndarray, event: Any = None, keep: np.ndarray | None = None,
-                 norms: torch.Tensor | np.ndarray | None = None):
-        self._host, self._event, self._keep, self._norms = host, event, keep, norms
+                 norms: torch.Tensor | np.ndarray | None = None, raw: torch.Tensor | np.ndarray | None = None):
+        self._host, self._event, self._keep, self._norms, self._raw = host, event, keep, norms, raw
 
     def result(self) -> np.ndarray:
         return self.result_and_norms()[0]
 
     def result_and_norms(self) -> tuple[np.ndarray, np.ndarray | None]:
+        return self.result_norms_raw()[:2]
+
+    def result_norms_raw(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """The vectors, their norms and their raw rows (each None where not asked for or not given)."""
         if self._event is not None:
             self._event.synchronize()
-        values, norms = _numpy(self._host), None if self._norms is None else _numpy(self._norms)
+        values = _numpy(self._host)
+        norms, raw = (None if v is None else _numpy(v) for v in (self._norms, self._raw))
         if self._keep is None:
-            return values, norms
-        return values[self._keep], None if norms is None else norms[self._keep]
+            return values, norms, raw
+        return values[self._keep], None if norms is None else norms[self._keep], None if raw is None else raw[self._keep]
 
 
 def _numpy(values: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -52,9 +57,14 @@ def _numpy(values: torch.Tensor | np.ndarray) -> np.ndarray:
 
 
 class DeviceFeeder:
-    def __init__(self, model: Any, device: torch.device):
+    """``raw``: give each batch's raw rows too (the model's float32 output before normalisation), for entries
+    that keep them."""
+
+    def __init__(self, model: Any, device: torch.device, raw: bool = False):
         self.model = model
-        self.overlap = device.type == "cuda" and callable(getattr(model, "image_features_and_norms", None))
+        self.raw = raw and callable(getattr(model, "encode_images_with_raw", None))
+        feature_hook = "image_features_norms_raw" if self.raw else "image_features_and_norms"
+        self.overlap = device.type == "cuda" and callable(getattr(model, feature_hook, None))
         self.copy_stream = torch.cuda.Stream(device=device) if self.overlap else None
         self.device = device
 
@@ -64,6 +74,9 @@ class DeviceFeeder:
         ImageBatch they came from, told when its memory may be reused."""
         stream = self.copy_stream
         if stream is None:
+            if self.raw:
+                vectors, norms, raw = self.model.encode_images_with_raw(pixels)
+                return PendingVectors(vectors, keep=keep, norms=norms, raw=None if norms is None else raw)
             with_norms = getattr(self.model, "encode_images_with_norms", None)
             if with_norms is None:  # a model outside the EmbeddingModel hierarchy (a test double)
                 return PendingVectors(self.model.encode_images(pixels), keep=keep)
@@ -82,14 +95,22 @@ class DeviceFeeder:
                 on_device.record_stream(compute)  # its memory belongs to the compute stream's work now
             else:
                 on_device = pixels
-            features, norms = self.model.image_features_and_norms(on_device)
-            host = torch.empty(features.shape, dtype=features.dtype, pin_memory=True)
-            host.copy_(features, non_blocking=True)
-            host_norms = torch.empty(norms.shape, dtype=norms.dtype, pin_memory=True)
-            host_norms.copy_(norms, non_blocking=True)
+            if self.raw:
+                features, norms, raw = self.model.image_features_norms_raw(on_device)
+            else:
+                (features, norms), raw = self.model.image_features_and_norms(on_device), None
+            host, host_norms = _pinned_copy(features), _pinned_copy(norms)
+            host_raw = None if raw is None else _pinned_copy(raw)
             done = torch.cuda.Event()
             done.record(compute)
-        return PendingVectors(host, done, keep, norms=host_norms)
+        return PendingVectors(host, done, keep, norms=host_norms, raw=host_raw)
+
+
+def _pinned_copy(values: torch.Tensor) -> torch.Tensor:
+    """An asynchronous device-to-host copy into pinned memory (complete once the compute stream's event is)."""
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    return host
 
 
 class BackgroundWriter:
@@ -121,8 +142,9 @@ class BackgroundWriter:
                 continue  # failed: drain, so the encoding thread never blocks on a full queue
             vectors, positions, extra = item
             try:
-                values, norms = vectors.result_and_norms()
-                self.writer.add(values, positions, **extra, **({} if norms is None else {"norms": norms}))
+                values, norms, raw = vectors.result_norms_raw()
+                self.writer.add(values, positions, **extra, **({} if norms is None else {"norms": norms}),
+                                **({} if raw is None or norms is None else {"raw": raw}))
             except BaseException as e:  # noqa: B036 (handed to the encoding thread, which raises it)
                 self._error = e
 

@@ -168,7 +168,9 @@ def _cache_hit(store: EmbeddingStore, key_fields: dict) -> EncodeOutcome:
 
 
 def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingStore, key_fields: dict,
-                  settings: EncodeSettings, progress: StageProgress) -> EncodeOutcome:
+                  settings: EncodeSettings, progress: StageProgress, *, raw: bool = False) -> EncodeOutcome:
+    """Encode a dataset's images into one entry (resumable); ``raw``: a new entry keeps the raw rows too (tasks
+    that hand raw features on; an entry written without them stays as it is and is read as row x norm)."""
     if store.has(entry_key(key_fields)):
         return _cache_hit(store, key_fields)
     aux: dict[str, AuxSpec] = {}
@@ -186,7 +188,7 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
         batch_size = settings.batch_size
         batches = model_batches(model, dataset, (start // batch_size) * batch_size, settings, device=session.device,
                                 decode=session.decode)
-        feeder = DeviceFeeder(model, session.device)
+        feeder = DeviceFeeder(model, session.device, raw=raw)
         encoded = 0
         with progress.track(f"encode images  {dataset.name}", len(dataset), "img") as advance, \
                 closing(batches), BackgroundWriter(writer) as sink:

@@ -34,16 +34,17 @@ def open_single_label(task: str, source: DataSource, progress: StageProgress) ->
 
 
 def encode_split_images(session: Any, dataset: EvalDataset, store: Any, memo: Any, settings: EncodeSettings,
-                        progress: StageProgress, *, limit: int | None, sharded: Any = None) -> Any:
+                        progress: StageProgress, *, limit: int | None, sharded: Any = None, raw: bool = False) -> Any:
     """The image entry of ``dataset`` (one split): from ``sharded`` workers, the cache, or encoded now; with
-    ``cached_only`` a missing entry is a CacheMissError. Every task that reads images shares these entries."""
+    ``cached_only`` a missing entry is a CacheMissError. Every task that reads images shares these entries; ``raw``:
+    one encoded now keeps the raw rows too (an entry another task wrote keeps what it has)."""
     from clipcache.tasks.encode.stage import check_cached, encode_images, image_key_fields
 
     fields = image_key_fields(session, dataset.image_identity(memo), dataset.split, limit)
     memo.save()
     if settings.cached_only:
         check_cached(store, [(fields, f"image embeddings of {dataset.name} ({dataset.split} split)")])
-    return sharded or encode_images(session, dataset, store, fields, settings, progress)
+    return sharded or encode_images(session, dataset, store, fields, settings, progress, raw=raw)
 
 
 def sample_keys(dataset: EvalDataset, positions: Any) -> list[str] | None:
@@ -104,7 +105,7 @@ def encode_images_and_captions(session: Any, prepared: Any, store: Any, memo: An
 
 def encode_test_and_train(session: Any, prepared: Any, store: Any, memo: Any, settings: EncodeSettings,
                           progress: StageProgress, *, task: str, train_split: str,
-                          sharded: dict[str, Any] | None = None) -> Encoded:
+                          sharded: dict[str, Any] | None = None, raw: bool = False) -> Encoded:
     """The images of the test split (role ``image``) and of ``train_split`` (role ``train``), each through the cache:
     what the tasks that fit on cached train features (kNN, MIEB's probe) read."""
     import time
@@ -113,7 +114,7 @@ def encode_test_and_train(session: Any, prepared: Any, store: Any, memo: Any, se
     started = time.perf_counter()
     train = open_single_label(task, replace(prepared.source, split=train_split), progress)
     outcomes = {role: encode_split_images(session, dataset, store, memo, settings, progress,
-                                          limit=prepared.source.limit, sharded=(sharded or {}).get(role))
+                                          limit=prepared.source.limit, sharded=(sharded or {}).get(role), raw=raw)
                 for role, dataset in (("image", prepared.data), ("train", train))}
     return Encoded(outcomes, seconds=time.perf_counter() - started)
 
@@ -126,7 +127,8 @@ def encode_images_and_texts(session: Any, data: Any, store: Any, memo: Any, sett
     The images are keyed as every task's images are, under ``image_role``. ``texts`` maps each text role to (its
     texts, the encode stage's word for one of them, what the cache-miss line calls them). A text entry's key holds
     the texts, not the dataset, so a corrected answer or a new image re-encodes no text. With ``cached_only``, one
-    CacheMissError lists every missing entry."""
+    CacheMissError lists every missing entry. Both tasks that use it hand raw features on: new entries keep the raw
+    rows (the model's output, bit for bit) beside the normalised ones."""
     import time
 
     from clipcache.storage.hashing import digest
@@ -142,11 +144,11 @@ def encode_images_and_texts(session: Any, data: Any, store: Any, memo: Any, sett
         check_cached(store, [(image_fields, f"{image_what} embeddings of {data.name}"),
                              *((text_fields[role], f"{what} embeddings of {data.name}")
                                for role, (_, _, what) in texts.items())])
-    outcomes = {image_role: encode_images(session, data.images, store, image_fields, settings, progress)}
+    outcomes = {image_role: encode_images(session, data.images, store, image_fields, settings, progress, raw=True)}
     for role, (values, kind, _) in texts.items():
         outcomes[role] = encode_texts(session, values, store, text_fields[role], kind=kind,
                                       batch_size=settings.batch_size, progress=progress, label=data.name,
-                                      meta={"dataset": data.name, "split": data.split})
+                                      meta={"dataset": data.name, "split": data.split}, raw=True)
     return Encoded(outcomes, seconds=time.perf_counter() - started)
 
 

@@ -56,15 +56,15 @@ SUBSET_K = (1, 2, 3)  # CIRR's Recall_subset@1/2/3
 
 def fusion_sides(image: EmbeddingEntry, text: EmbeddingEntry, n_texts: int, task: str,
                  name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(image rows, text rows) as an image + text query sums them: the raw features (normalised row x stored norm),
-    what mteb's CLIP, OpenCLIP and SigLIP wrappers add. When either entry keeps no norms (written before clipcache
+    """(image rows, text rows) as an image + text query sums them: the raw features (the stored raw rows, else
+    normalised row x stored norm), what mteb's CLIP, OpenCLIP and SigLIP wrappers add. When either entry keeps no norms (written before clipcache
     kept them, or by a model that gave none), both sides' normalised rows, as before norms were kept, with a warning
     naming the command that deletes the entry (the next run re-encodes it with norms)."""
     from clipcache.tasks.score.cached_rows import text_vectors
 
     texts = text_vectors(text, n_texts)  # checks the entry fits the data
     if image.has_norms and text.has_norms:
-        return image.raw_embeddings(task), texts * text.norms(task)[:, None]
+        return image.raw_embeddings(task), text.raw_embeddings(task)
     bare = [e for e in (image, text) if not e.has_norms]
     log.warning("%s: cache entry %s keeps no norms: the image + text query sums normalised vectors, where mteb sums "
                 "raw features (delete it with `%s` and run again for mteb's fusion)", name, bare[0].key[:12],

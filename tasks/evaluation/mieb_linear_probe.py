@@ -2,9 +2,10 @@
 5 experiments, mean and spread) over cached image features; the protocol in tasks/score/mieb_probe.py.
 
 It reads the image entries linear_probe and zero-shot classification read (the test split's and the train split's),
-so after either it encodes nothing new. ``probe_features: raw`` (the default) probes normalised row x stored norm, the
-raw features mteb's CLIP, OpenCLIP and SigLIP wrappers hand its evaluator; an entry written before norms were kept
-is refused in one line naming the command that deletes it, and ``probe_features: normalized`` probes the rows as cached.
+so after either it encodes nothing new. ``probe_features: raw`` (the default) probes the raw features mteb's CLIP,
+OpenCLIP and SigLIP wrappers hand its evaluator: the model's output bit for bit where the entry keeps its raw rows
+(entries this task encodes), else normalised row x stored norm (entries another task or an earlier release wrote,
+within ~1e-7 relative); an entry written before norms were kept is refused in one line naming the command that deletes it, and ``probe_features: normalized`` probes the rows as cached.
 Each test image of each experiment is a sample row (unit ``image_experiment_<i>``: target, prediction, correct1),
 from which every experiment's scores, so their mean and spread, recompute.
 """
@@ -75,7 +76,7 @@ class MiebLinearProbe(EvalTask):
                sharded: dict[str, Any] | None = None) -> Encoded:
         return encode_test_and_train(session, prepared, store, memo, settings, progress,
                                      task=self.name, train_split=self.Options.of(settings).train_split,
-                                     sharded=sharded)
+                                     sharded=sharded, raw=True)
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
         import numpy as np

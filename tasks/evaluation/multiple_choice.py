@@ -89,7 +89,7 @@ class MultipleChoice(EvalTask):
         choice_entry = store.open(encoded.outcomes[CHOICE].ref.key)
         choices = text_vectors(choice_entry, len(data.choices))
         if choice_entry.has_norms:  # raw, as mteb's wrappers hand them: cosine normalises them as mteb does, bit for bit
-            choices = choices * choice_entry.norms(self.name)[:, None]
+            choices = choice_entry.raw_embeddings(self.name)
         answers = data.answers[kept]
         outcomes = choice_outcomes(images[rows[kept]], questions[data.question_text[kept]], choices,
                                    [data.question_choices[i] for i in kept], answers)

@@ -5,7 +5,8 @@ in tasks/score/sts.py; the layouts (``pairs.jsonl``, or MIEB's Parquet files) in
 The images of both sides are one cache entry (role ``pair_image``; a file, or Parquet cells with the same bytes, used by
 several pairs is encoded once),
 so a rescore reads the folder's gold scores and the cache only. The similarities are taken on the raw features
-(normalised row x its stored norm), as mteb's CLIP-style wrappers give them to its evaluator. Each pair is a sample row (unit ``pair``: its cosine
+(the model's output, kept in the entry; normalised row x its stored norm for entries of earlier releases), as mteb's
+CLIP-style wrappers give them to its evaluator. Each pair is a sample row (unit ``pair``: its cosine
 similarity in ``score``, its gold score as given in ``value``), from which every stored correlation recomputes.
 """
 
@@ -69,7 +70,7 @@ class VisualSts(EvalTask):
         memo.save()
         if settings.cached_only:
             check_cached(store, [(fields, f"pair image embeddings of {data.name}")])
-        images = encode_images(session, data.images, store, fields, settings, progress)
+        images = encode_images(session, data.images, store, fields, settings, progress, raw=True)
         return Encoded({ROLE: images}, seconds=time.perf_counter() - started)
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
@@ -101,7 +102,8 @@ class VisualSts(EvalTask):
 
 
 def _features(entry: Any, name: str) -> Any:
-    """The raw features (normalised row x norm), what mteb's CLIP-style wrappers hand its STS evaluator: Manhattan
+    """The raw features (the stored raw rows, else normalised row x norm), what mteb's CLIP-style wrappers hand its
+    STS evaluator: Manhattan
     and Euclidean distances see the norms. An entry that keeps no norms scores its normalised rows, as before norms
     were kept (cosine does not see them), and says so."""
     if entry.has_norms:

@@ -118,6 +118,13 @@ class TwoTowerModel(EmbeddingModel):
             raw = self._encode_image(self._to_device(pixels))
             return _normalised_and_norms(raw)
 
+    def image_features_norms_raw(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``image_features_and_norms`` and the raw float32 rows themselves, all left on the model's device."""
+        with torch.inference_mode(), autocast(self.device, self.amp):
+            raw = self._encode_image(self._to_device(pixels))
+            features, norms = _normalised_and_norms(raw)
+            return features, norms, raw.float()
+
     def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
         """L2-normalised float32 image vectors, left on the model's device."""
         return self.image_features_and_norms(pixels)[0]
@@ -138,10 +145,8 @@ class TwoTowerModel(EmbeddingModel):
         return self.encode_texts_with_norms(texts)[0]
 
     def encode_images_with_raw(self, pixels: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        with torch.inference_mode(), autocast(self.device, self.amp):
-            raw = self._encode_image(self._to_device(pixels))
-            features, norms = _normalised_and_norms(raw)
-        return features.cpu().numpy(), norms.cpu().numpy(), raw.float().cpu().numpy()
+        features, norms, raw = self.image_features_norms_raw(pixels)
+        return features.cpu().numpy(), norms.cpu().numpy(), raw.cpu().numpy()
 
     def encode_texts_with_raw(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         with torch.inference_mode(), autocast(self.device, self.amp):
