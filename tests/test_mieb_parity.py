@@ -136,11 +136,20 @@ def assert_equal_scores(ours: dict[str, float], theirs: dict) -> None:
 
 @pytest.fixture(scope="module")
 def copies(tmp_path_factory):
+    from test_mieb_runner import write_cifar10_copy, write_flickr_i2t_copy
+    from test_visual_sts import write_parquet as write_rendered_sts
+
     base = tmp_path_factory.mktemp("mieb-parity")
-    return {"Winoground": write_winoground_copy(base / "winoground"), "DTD": write_dtd_copy(base / "dtd")}
+    return {"Winoground": write_winoground_copy(base / "winoground"), "DTD": write_dtd_copy(base / "dtd"),
+            "CIFAR10ZeroShot": write_cifar10_copy(base / "cifar10"), "CIFAR10Clustering": base / "cifar10",
+            "Flickr30kI2TRetrieval": write_flickr_i2t_copy(base / "flickr30ki2t"),
+            "STS12VisualSTS": write_rendered_sts(base / "rendered-sts12")}
 
 
-@pytest.mark.parametrize("name", ["Winoground", "DTD"])
+# one task per MIEB task type: compositionality, image classification (linear probe), zero-shot classification,
+# clustering, any-to-any retrieval (image to text), visual STS
+@pytest.mark.parametrize("name", ["Winoground", "DTD", "CIFAR10ZeroShot", "CIFAR10Clustering", "Flickr30kI2TRetrieval",
+                                  "STS12VisualSTS"])
 def test_equal_to_mteb_with_a_reference_encoder_and_a_cached_rerun_loads_no_model(name, copies, tmp_path):
     theirs = mteb_reference(name, copies[name])
     model_session, memo = session()
