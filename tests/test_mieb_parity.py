@@ -110,6 +110,69 @@ def write_dtd_copy(root: Path) -> Path:
     return root
 
 
+def write_cv_bench_copy(root: Path, n: int = 12) -> Path:
+    """mteb/CV-Bench's columns (CVBenchCount keeps the rows of task "Count"): each question an image and a text,
+    three choices of class names, the answer as "(A)".."(C)"; image + text queries rank the choice texts (mteb's
+    any-to-any multiple choice: the raw image and text features summed)."""
+    from datasets import Image, Sequence, Value
+
+    ds = shapes.load_shapes("fixture", "zeroshot_classification", "test", n)
+    names = [shapes.CLASSNAMES[int(x)] for x in ds.labels]
+    choices = [[names[(i + 1) % n], names[(i + 5) % n]] for i in range(n)]
+    for i, options in enumerate(choices):
+        options.insert(i % 3, names[i])  # the right class at the answer's letter
+    text = {"type": "2D", "filename": "x.png", "source": "shapes", "source_dataset": "shapes", "source_filename": "x",
+            "target_class": "shape", "prompt": "p"}
+    write_parquet(root, "test", {
+        "idx": list(range(n)), **{k: [v] * n for k, v in text.items()}, "target_size": [[1, 1]] * n,
+        "bbox": [[[0.0, 0.0, 1.0, 1.0]]] * n, "question": ["Which shape is in the picture?"] * n,
+        "choices": choices, "answer": [f"({'ABC'[i % 3]})" for i in range(n)],
+        "task": ["Count"] * (n - 2) + ["Depth"] * 2, "image": [ds.load_image(i) for i in range(n)],
+    }, {"idx": Value("int64"), **{k: Value("string") for k in text}, "target_size": Sequence(Value("int64")),
+        "bbox": Sequence(Sequence(Value("float64"))), "question": Value("string"),
+        "choices": Sequence(Value("string")), "answer": Value("string"), "task": Value("string"), "image": Image()})
+    return root
+
+
+VIDORE_README = """---
+configs:
+- config_name: corpus
+  data_files:
+  - split: test
+    path: corpus/test-*.parquet
+- config_name: queries
+  data_files:
+  - split: test
+    path: queries/test-*.parquet
+- config_name: qrels
+  data_files:
+  - split: test
+    path: qrels/test-*.parquet
+---
+"""
+
+
+def write_vidore_copy(root: Path, n: int = 16) -> Path:
+    """A ViDoRe BEIR-style snapshot (VidoreDocVQARetrieval: configs corpus (corpus-id, image), queries (query-id,
+    query), qrels): the pages are shapes images, each query names one page's class (document understanding:
+    text to image retrieval)."""
+    from datasets import Dataset, Features, Image, Value
+
+    ds = shapes.load_shapes("fixture", "zeroshot_classification", "test", n)
+    parts = {
+        "corpus": Dataset.from_dict({"corpus-id": list(range(n)), "image": [ds.load_image(i) for i in range(n)]},
+                                    features=Features({"corpus-id": Value("int64"), "image": Image()})),
+        "queries": Dataset.from_dict({"query-id": list(range(n)), "query": [
+            f"a photo of a {shapes.CLASSNAMES[int(x)]}." for x in ds.labels]}),
+        "qrels": Dataset.from_dict({"query-id": list(range(n)), "corpus-id": list(range(n)), "score": [1] * n}),
+    }
+    for name, part in parts.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        part.to_parquet(str(root / name / "test-00000-of-00001.parquet"))
+    (root / "README.md").write_text(VIDORE_README)
+    return root
+
+
 def mteb_reference(name: str, root: Path):
     """mteb.evaluate on the local copy with the reference encoder: the task's scores of split test."""
     import mteb
@@ -143,13 +206,16 @@ def copies(tmp_path_factory):
     return {"Winoground": write_winoground_copy(base / "winoground"), "DTD": write_dtd_copy(base / "dtd"),
             "CIFAR10ZeroShot": write_cifar10_copy(base / "cifar10"), "CIFAR10Clustering": base / "cifar10",
             "Flickr30kI2TRetrieval": write_flickr_i2t_copy(base / "flickr30ki2t"),
-            "STS12VisualSTS": write_rendered_sts(base / "rendered-sts12")}
+            "STS12VisualSTS": write_rendered_sts(base / "rendered-sts12"),
+            "CVBenchCount": write_cv_bench_copy(base / "cv-bench"), "VidoreDocVQARetrieval": write_vidore_copy(
+                base / "docvqa")}
 
 
 # one task per MIEB task type: compositionality, image classification (linear probe), zero-shot classification,
-# clustering, any-to-any retrieval (image to text), visual STS
+# clustering, any-to-any retrieval (image to text), visual STS, any-to-any multiple choice (vision-centric QA: image +
+# text queries), document understanding (ViDoRe: text to page images)
 @pytest.mark.parametrize("name", ["Winoground", "DTD", "CIFAR10ZeroShot", "CIFAR10Clustering", "Flickr30kI2TRetrieval",
-                                  "STS12VisualSTS"])
+                                  "STS12VisualSTS", "CVBenchCount", "VidoreDocVQARetrieval"])
 def test_equal_to_mteb_with_a_reference_encoder_and_a_cached_rerun_loads_no_model(name, copies, tmp_path):
     theirs = mteb_reference(name, copies[name])
     model_session, memo = session()
