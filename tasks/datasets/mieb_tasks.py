@@ -6,6 +6,10 @@ download mteb/cifar10 --repo-type dataset --local-dir DIR``: Parquet files, and 
 ``configs``), which ``datasets.load_dataset`` reads from the folder in place of the repository, through mteb's own
 ``load_data`` and ``dataset_transform``; or a ``datasets`` ``save_to_disk`` folder of a task that loads one dataset
 (not retrieval, not multilingual). ``--dataset_root`` may be a template with ``{dataset}`` (the mteb task name).
+
+An aggregate task (MIEB's VisualSTS17Multilingual, VisualSTS-b-Multilingual: the mean of other tasks' main scores
+over all their subsets) loads each task it aggregates, every subset of the split asked for: from
+``<root>/<that task's name>`` where that folder exists, else from the root itself (one aggregated task).
 """
 
 from __future__ import annotations
@@ -92,6 +96,8 @@ def load_mieb(name: str, root: Path | None, split: str, language: str, hf_cache:
     odd = sorted(set(meta.modalities) - MODALITIES)
     if odd:
         raise DatasetError(f"mieb:{name} takes {', '.join(odd)} inputs; clipcache's models encode images and texts")
+    if getattr(task, "is_aggregate", False):
+        return _load_aggregate(task, name, root, split, hf_cache)
     if split not in task.eval_splits:
         raise DatasetError(f"mieb:{name} evaluates split {', '.join(task.eval_splits)}, not {split!r}: pass "
                            f"--split {task.eval_splits[0]}")
@@ -113,6 +119,34 @@ def load_mieb(name: str, root: Path | None, split: str, language: str, hf_cache:
                 "mteb": library_version("mteb"), "features": "raw"}
     return MiebData(name, task, split, subset, identity, _count(task.dataset, split, subset),
                     str(root) if root else None)
+
+
+def _load_aggregate(task: Any, name: str, root: Path | None, split: str, hf_cache: Path | None) -> MiebData:
+    """An aggregate task with each task it aggregates loaded (all their subsets): their own copies, so the task
+    objects mteb keeps in the aggregate's class metadata are never loaded or changed."""
+    import copy
+
+    from clipcache.tasks.models.loader import library_version
+
+    meta = task.metadata
+    if split not in meta.eval_splits:
+        raise DatasetError(f"mieb:{name} evaluates split {', '.join(meta.eval_splits)}, not {split!r}: pass "
+                           f"--split {meta.eval_splits[0]}")
+    parts = [copy.deepcopy(t) for t in meta.tasks]
+    count = 0
+    for part in parts:
+        part_name = part.metadata.name
+        part_root = root / part_name if root is not None and (root / part_name).is_dir() else root
+        part.filter_eval_splits([split])
+        with datasets_cache(hf_cache):
+            _load(part, part_name, part_root, split)
+        count += sum(_count(part.dataset, split, subset) for subset in part.hf_subsets)
+    task.metadata = meta.model_copy(update={"tasks": parts, "eval_splits": [split]})
+    task.tasks, task.taskname_to_task = parts, {p.metadata.name: p for p in parts}
+    identity = {"mteb_task": name, "aggregates": [{"mteb_task": p.metadata.name, "dataset": dict(p.metadata.dataset),
+                                                   "hf_subsets": list(p.hf_subsets)} for p in parts],
+                "hf_subset": "default", "mteb": library_version("mteb"), "features": "raw"}
+    return MiebData(name, task, split, "default", identity, count, str(root) if root else None)
 
 
 def _load(task: Any, name: str, root: Path | None, split: str) -> None:
