@@ -129,9 +129,10 @@ class _MtebEncoder(AbsEncoder):
         if len(raw) == len(sides):
             if not all(exact for _, _, exact in sides.values()) and f"{task}:rebuilt" not in self._warned:
                 self._warned.add(f"{task}:rebuilt")
-                log.warning("mteb task %s: cached vectors written before clipcache kept raw rows: their raw features "
-                            "are normalised row x norm (within ~1e-7 of the model's output, so a probe can differ in "
-                            "a prediction); delete those cache entries to re-encode them once", task)
+                log.warning("mteb task %s: vectors kept with norms but without raw rows (cache entries of an earlier "
+                            "release, or a model that gives norms only, such as an API model): their raw features "
+                            "are normalised row x norm (within ~1e-7 relative of the model's output, so a probe can "
+                            "differ in a prediction); delete such cache entries to re-encode them once", task)
             return raw
         if task not in self._warned:
             self._warned.add(task)
