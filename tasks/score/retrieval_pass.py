@@ -25,7 +25,8 @@ do not depend on the order of the data or on the device.
 
 :func:`query_outcomes` keeps each query's outcome instead of only the counts: its hit or miss at every k (as the
 counts count it), whether a tie decided it, and, with ``places``, where its best positive ranks (stable rule), that
-positive's score and the 3 best-scored candidates, found in the same pass (tasks/score/retrieval_queries.py).
+positive's score and the 3 best-scored candidates, found in the same pass (tasks/score/retrieval_queries.py); ties
+and near-ties there are settled on the exact scores of the tied block alone (tasks/score/retrieval_places.py).
 """
 
 from __future__ import annotations
@@ -36,12 +37,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from clipcache.tasks.score.retrieval_places import settle_both
 from clipcache.tasks.score.retrieval_queries import (
     TOP,
     PositionCounter,
-    best_caption,
     fill_exact_places,
-    fill_pass_places,
     merge_top,
     sorted_with_ids,
     top_per_column,
@@ -336,22 +336,20 @@ def query_outcomes(captions: torch.Tensor, images: torch.Tensor, caption_image: 
     t2i = QueryOutcomes(hits_t2i, np.zeros_like(hits_t2i))
     i2t = QueryOutcomes(hits_i2t, np.zeros_like(hits_i2t))
     redo_t2i, redo_i2t = open_t2i.any(axis=1), open_i2t.any(axis=1)
+    exact: ExactScores | None = None
+    row_places_t2i = row_places_i2t = np.zeros(0, dtype=bool)
     if counter is not None:
-        assert scanned.ids_t2i is not None and scanned.ids_i2t is not None  # scanned with the counter
-        ranked_t2i = fill_pass_places(t2i, counter.places("t2i"), scanned.pos_t2i, scanned.top_t2i, scanned.ids_t2i,
-                                      owner.numpy().copy(), n_candidates=n_i, eps=EPS)
-        ranked_i2t = fill_pass_places(i2t, counter.places("i2t"), scanned.pos_i2t, scanned.top_i2t, scanned.ids_i2t,
-                                      best_caption(counter.estimate_t2i, caption_image, n_i), n_candidates=n_c,
-                                      eps=EPS)
-        redo_t2i |= ~ranked_t2i
-        redo_i2t |= ~ranked_i2t
+        exact = ExactScores(captions, images, budget, host)
+        row_places_t2i, row_places_i2t = settle_both(t2i, i2t, counter, scanned, caption_image, exact, eps=EPS)
+        redo_t2i |= row_places_t2i
+        redo_i2t |= row_places_i2t
     if not (redo_t2i.any() or redo_i2t.any()):
         return t2i, i2t
-    exact = ExactScores(captions, images, budget, host)
+    exact = exact or ExactScores(captions, images, budget, host)
     captions_of = _captions_per_image(owner, n_i)
-    for outcome, undecided, redo, blocks, positives_of in (
-            (t2i, open_t2i, redo_t2i, exact.caption_rows, lambda q: owner[q : q + 1]),
-            (i2t, open_i2t, redo_i2t, exact.image_columns, lambda q: captions_of[q])):
+    for outcome, undecided, redo, row_places, blocks, positives_of in (
+            (t2i, open_t2i, redo_t2i, row_places_t2i, exact.caption_rows, lambda q: owner[q : q + 1]),
+            (i2t, open_i2t, redo_i2t, row_places_i2t, exact.image_columns, lambda q: captions_of[q])):
         queries = torch.from_numpy(np.flatnonzero(redo))
         outcome.decided_exactly = len(queries)
         for ids, rows in blocks(queries):
@@ -361,8 +359,10 @@ def query_outcomes(captions: torch.Tensor, images: torch.Tensor, caption_image: 
                     at = ids.numpy()[chosen]
                     outcome.hits[at, j], outcome.tied[at, j] = _decide_block(
                         rows[chosen], [positives_of(int(q)) for q in at], k, rule, topk_device)
-            if counter is not None:
-                fill_exact_places(outcome, ids.numpy(), rows, positives_of)
+            if counter is not None:  # the few places the pass and the tied blocks could not settle
+                on_row = np.flatnonzero(row_places[ids.numpy()])
+                if len(on_row):
+                    fill_exact_places(outcome, ids.numpy()[on_row], rows[on_row], positives_of)
     return t2i, i2t
 
 

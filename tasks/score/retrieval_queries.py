@@ -9,12 +9,13 @@ tiles only decide what no such difference can change:
 - on every tile, per query of each direction, two counts against that estimate ``p`` with margin ``m`` (EPS):
   candidates above ``p + m`` (above in any kernel's scores) and candidates at or above ``p - m``;
 - a query with exactly one candidate within ``[p - m, p + m]`` (its best positive itself) has rank above + 1 in
-  every kernel; the others (an exact or near tie with the best positive, or two near-equal positives) are placed on
-  their exact rows, which the pass recomputes for undecided recall queries anyway.
+  every kernel; for the others (an exact or near tie with the best positive, or two near-equal positives) the pass
+  keeps the candidates within that window, and tasks/score/retrieval_places.py ranks them on clip_benchmark's exact
+  scores: work in proportion to the tied block, not the row.
 
 The 3 best candidates come from the pass's running top-k, kept with their indices (ordered by score, equal scores
-by lower index); a query where two of the first 4 scores lie within the margin is placed on its exact row too, so
-``top`` is the stable order of clip_benchmark's matrix for every query.
+by lower index); where two of the first 4 scores lie within the margin, retrieval_places.py orders the tied block
+on exact scores too, so ``top`` is the stable order of clip_benchmark's matrix for every query.
 
 The counts are four comparisons per tile element, in row chunks that stay in the cache, split between threads
 (NumPy's comparisons are several times faster than torch's on the CPU and release the GIL); on a GPU they are torch
@@ -67,6 +68,11 @@ class PositionCounter:
         if self._cpu:  # NumPy views of the bounds, and int64 counts (a chunk adds int32 column sums)
             self._np = {name: (hi.numpy(), lo.numpy()) for name, (hi, lo) in self._bounds.items()}
         device = captions.device
+        # the candidates within the margin of a query's best positive (its "window"): only where the window holds
+        # more than the best positive itself, so their number is bounded by the tied blocks, not by the rows
+        self._owner = caption_image
+        self._window_t2i: list[tuple[np.ndarray, np.ndarray] | tuple[torch.Tensor, torch.Tensor]] = []
+        self._window_i2t: list[tuple[np.ndarray, np.ndarray] | tuple[torch.Tensor, torch.Tensor]] = []
         self.above_t2i = torch.zeros(n_c, dtype=torch.int64, device=device)
         self.at_least_t2i = torch.zeros(n_c, dtype=torch.int64, device=device)
         self.above_i2t = torch.zeros(n_i, dtype=torch.int64, device=device)
@@ -80,9 +86,13 @@ class PositionCounter:
         hi, lo = self._bounds["t2i"]
         self.above_t2i[c0:c1] += (tile > hi[c0:c1, None]).sum(dim=1)
         self.at_least_t2i[c0:c1] += (tile >= lo[c0:c1, None]).sum(dim=1)
+        rows, cols = torch.nonzero((tile >= lo[c0:c1, None]) & (tile <= hi[c0:c1, None]), as_tuple=True)
+        self._window_t2i.append((rows + c0, cols + i0))
         hi, lo = self._bounds["i2t"]
         self.above_i2t[i0:i1] += (tile > hi[None, i0:i1]).sum(dim=0)
         self.at_least_i2t[i0:i1] += (tile >= lo[None, i0:i1]).sum(dim=0)
+        rows, cols = torch.nonzero((tile >= lo[None, i0:i1]) & (tile <= hi[None, i0:i1]), as_tuple=True)
+        self._window_i2t.append((cols + i0, rows + c0))
 
     def _add_numpy(self, x: np.ndarray, c0: int, c1: int, i0: int, i1: int) -> None:
         # NumPy's comparisons run on one core and release the GIL: the tile's rows are split between threads
@@ -92,32 +102,52 @@ class PositionCounter:
             columns = [self._count_rows(x, c0, i0, i1, *spans[0])]
         else:
             columns = list(self._pool().map(lambda span: self._count_rows(x, c0, i0, i1, *span), spans))
-        for col_above, col_at_least in columns:
+        for col_above, col_at_least, window_t2i, window_i2t in columns:
             self.above_i2t.numpy()[i0:i1] += col_above
             self.at_least_i2t.numpy()[i0:i1] += col_at_least
+            self._window_t2i.extend(window_t2i)
+            self._window_i2t.extend(window_i2t)
 
-    def _count_rows(self, x: np.ndarray, c0: int, i0: int, i1: int, start: int, stop: int
-                    ) -> tuple[np.ndarray, np.ndarray]:
-        """Count rows start:stop of a tile into the row counts; return their column counts."""
+    def _count_rows(self, x: np.ndarray, c0: int, i0: int, i1: int, start: int, stop: int) -> tuple[
+            np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]], list[tuple[np.ndarray, np.ndarray]]]:
+        """Count rows start:stop of a tile into the row counts; return their column counts and the window entries
+        they hold ((query, candidate) index arrays of each direction)."""
         (row_hi, row_lo), (col_hi, col_lo) = self._np["t2i"], self._np["i2t"]
         col_hi, col_lo = col_hi[i0:i1], col_lo[i0:i1]
         above, at_least = self.above_t2i.numpy(), self.at_least_t2i.numpy()
+        owner = self._owner.numpy()
         col_above = np.zeros(i1 - i0, dtype=np.int64)
         col_at_least = np.zeros(i1 - i0, dtype=np.int64)
+        window_t2i: list[tuple[np.ndarray, np.ndarray]] = []
+        window_i2t: list[tuple[np.ndarray, np.ndarray]] = []
         mask = np.empty((min(CHUNK_ROWS, stop - start), i1 - i0), dtype=bool)
         for lo in range(start, stop, CHUNK_ROWS):
             chunk = x[lo : min(lo + CHUNK_ROWS, stop)]
             rows = slice(c0 + lo, c0 + lo + len(chunk))
             m = mask[: len(chunk)]
             np.greater(chunk, row_hi[rows, None], out=m)
-            above[rows] += np.count_nonzero(m, axis=1)
+            row_above = np.count_nonzero(m, axis=1)
             np.greater_equal(chunk, row_lo[rows, None], out=m)
-            at_least[rows] += np.count_nonzero(m, axis=1)
+            row_at_least = np.count_nonzero(m, axis=1)
+            above[rows] += row_above
+            at_least[rows] += row_at_least
             np.greater(chunk, col_hi, out=m)  # column sums over the bytes of the mask: a contiguous reduction
-            col_above += np.add.reduce(m.view(np.uint8), axis=0, dtype=np.int32)
+            chunk_above = np.add.reduce(m.view(np.uint8), axis=0, dtype=np.int32)
             np.greater_equal(chunk, col_lo, out=m)
-            col_at_least += np.add.reduce(m.view(np.uint8), axis=0, dtype=np.int32)
-        return col_above, col_at_least
+            chunk_at_least = np.add.reduce(m.view(np.uint8), axis=0, dtype=np.int32)
+            col_above += chunk_above
+            col_at_least += chunk_at_least
+            # a caption's own image lies in its window (in the tile that holds it): only more than that is kept
+            own = (owner[rows] >= i0) & (owner[rows] < i1)
+            wide = np.flatnonzero(row_at_least - row_above > own)
+            if len(wide):
+                r, c = _within(chunk[wide], row_lo[rows][wide, None], row_hi[rows][wide, None])
+                window_t2i.append((c0 + lo + wide[r], i0 + c))
+            wide = np.flatnonzero(chunk_at_least != chunk_above)
+            if len(wide):
+                r, c = _within(chunk[:, wide], col_lo[wide], col_hi[wide])
+                window_i2t.append((i0 + wide[c], c0 + lo + r))
+        return col_above, col_at_least, window_t2i, window_i2t
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:
@@ -129,12 +159,38 @@ class PositionCounter:
             self._executor.shutdown()
             self._executor = None
 
+    def window(self, direction: str) -> tuple[np.ndarray, np.ndarray]:
+        """(query, candidate) of the window entries of ``direction`` (t2i or i2t), every query with more than its
+        best positive in its window included (a caption's own image too), in no order, without repeats."""
+        found = self._window_t2i if direction == "t2i" else self._window_i2t
+        queries = [np.asarray(q.cpu() if isinstance(q, torch.Tensor) else q, dtype=np.int64) for q, _ in found]
+        others = [np.asarray(c.cpu() if isinstance(c, torch.Tensor) else c, dtype=np.int64) for _, c in found]
+        query = np.concatenate(queries) if queries else np.empty(0, np.int64)
+        candidate = np.concatenate(others) if others else np.empty(0, np.int64)
+        if direction == "t2i":  # the caption's own image, where it was left out of a tile's entries
+            owner = self._owner.cpu().numpy()
+            asked = np.unique(query)
+            query, candidate = np.r_[query, asked], np.r_[candidate, owner[asked]]
+        n = max(len(self.above_t2i), len(self.above_i2t))
+        key = np.unique(query * n + candidate)
+        return key // n, key % n
+
     def places(self, direction: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(1 + candidates clearly above the best positive, whether that is its exact stable rank: nothing but the
         best positive lies within the margin of it) per query of ``direction`` (t2i or i2t)."""
         above, at_least = (self.above_t2i, self.at_least_t2i) if direction == "t2i" else \
             (self.above_i2t, self.at_least_i2t)
         return above + 1, at_least - above == 1
+
+    def floor(self, direction: str) -> np.ndarray:
+        """The lower end of each query's window (its best positive's estimated score less the margin)."""
+        return self._bounds[direction][1].cpu().numpy()
+
+
+def _within(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) of the elements of ``x`` in [lo, hi] (bounds broadcast against ``x``)."""
+    row, column = np.nonzero((x >= lo) & (x <= hi))
+    return row, column
 
 
 def best_caption(estimate: torch.Tensor, caption_image: torch.Tensor, n_images: int) -> np.ndarray:
@@ -185,25 +241,6 @@ def merge_top(current: tuple[torch.Tensor, torch.Tensor] | None, new: tuple[torc
                                                torch.cat([current[1], new[1]], dim=dim))
     found = torch.topk(values, min(k, values.shape[dim]), dim=dim, sorted=False)
     return found.values, ids.gather(dim, found.indices)
-
-
-def fill_pass_places(outcome: QueryOutcomes, places: tuple[torch.Tensor, torch.Tensor], score: torch.Tensor,
-                     top: torch.Tensor, ids: torch.Tensor, positive: np.ndarray, *, n_candidates: int,
-                     eps: float) -> np.ndarray:
-    """Fill ``outcome``'s places from the pass (``places``: :meth:`PositionCounter.places`; ``score``, ``top``,
-    ``ids``: the best positive's score and the top scores with their candidates, sorted); returns which queries'
-    places are exact as found (the others are placed on their exact rows)."""
-    rank, exact = places
-    exact = exact | torch.from_numpy(positive < 0).to(exact.device)  # no positive: no rank to decide
-    # the best candidates' order (and which are the best) is the exact matrix's unless two of them, or the last
-    # and the next one, are within the margin
-    for j in range(min(TOP, top.shape[1] - 1)):
-        exact &= top[:, j] - top[:, j + 1] > eps * torch.clamp(top[:, j].abs(), min=1.0)
-    outcome.positive = positive
-    outcome.rank = np.where(positive >= 0, rank.cpu().numpy(), 0)
-    outcome.score = np.where(positive >= 0, score.cpu().numpy().astype(np.float64), np.nan)
-    outcome.top = ids[:, : min(TOP, n_candidates)].cpu().numpy()
-    return exact.cpu().numpy()
 
 
 def fill_exact_places(outcome: QueryOutcomes, queries: np.ndarray, rows: torch.Tensor,

@@ -1,0 +1,136 @@
+"""Places settled within the tied block (tasks/score/retrieval_places.py) against a brute-force reference on
+clip_benchmark's dense matrix: ties of every size (a tied block larger than the pass keeps), k beyond the candidates,
+one query, many captions per image; exact entries in small blocks equal the full product bit for bit; and the tie
+blocks do not send queries to their full rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_evidence_retrieval import clip_benchmark_hits
+from test_retrieval_pass import tied_data, unit
+
+from clipcache.tasks.score import retrieval_pass
+from clipcache.tasks.score.retrieval_pass import ExactScores, query_outcomes
+from clipcache.tasks.score.retrieval_places import exact_entries
+
+
+def brute_force_places(scores: np.ndarray, positives: list[list[int]]):
+    """Per row: best positive (highest score, lowest index), 1 + its stable rank, its score, the 3 best columns
+    (equal scores by lower index), by plain Python loops over every row."""
+    best, rank, score, top = [], [], [], []
+    for row, own in zip(scores, positives, strict=True):
+        ordered = np.lexsort((np.arange(len(row)), -row))  # descending score, then ascending index
+        top.append(ordered[:3])
+        if not own:
+            best.append(-1), rank.append(0), score.append(np.nan)
+            continue
+        place = int(np.flatnonzero(np.isin(ordered, own))[0])
+        best.append(ordered[place]), rank.append(place + 1), score.append(float(row[ordered[place]]))
+    return np.array(best), np.array(rank), np.array(score), np.array(top)
+
+
+def check(images, captions, caption_image, ks, budget=1 << 26):
+    t2i, i2t = query_outcomes(torch.from_numpy(captions), torch.from_numpy(images), torch.from_numpy(caption_image),
+                              ks, budget)
+    full = (torch.from_numpy(captions) @ torch.from_numpy(images).T).numpy()
+    for outcome, scores, positives in (
+            (t2i, full, [[int(o)] for o in caption_image]),
+            (i2t, full.T, [np.flatnonzero(caption_image == i).tolist() for i in range(len(images))])):
+        best, rank, score, top = brute_force_places(scores, positives)
+        assert (outcome.positive == best).all() and (outcome.rank == rank).all()
+        # clip_benchmark's own scores where the window decided; the pass's kernel's elsewhere (within 1e-6)
+        assert np.allclose(outcome.score, score, rtol=0, atol=1e-6, equal_nan=True)
+        assert (outcome.top == top[:, : outcome.top.shape[1]]).all()
+    for j, k in enumerate(ks):
+        if k > min(full.shape):  # clip_benchmark raises; every query with a positive is a hit
+            assert k <= len(images) or t2i.hits[:, j].all()
+            assert k <= len(captions) or (i2t.hits[:, j] == np.isin(np.arange(len(images)), caption_image)).all()
+            continue
+        ref_t2i, ref_i2t = clip_benchmark_hits(images, captions, caption_image, k)
+        assert (t2i.hits[:, j] == ref_t2i).all() and (i2t.hits[:, j] == ref_i2t).all(), k
+    return t2i, i2t
+
+
+@pytest.fixture(params=[True, False], ids=["small-matrix", "blocks"])
+def entries_from(request, monkeypatch):
+    """Exact scores read from the one full product (small problems) or computed in small blocks (large ones)."""
+    if not request.param:
+        monkeypatch.setattr(retrieval_pass, "SMALL_MATRIX", 0)
+    return request.param
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("budget", [4 * 16 * 16, 1 << 26])
+def test_tied_data_places_equal_brute_force(seed, budget, entries_from):
+    images, captions, caption_image = tied_data(seed, n_images=90)
+    t2i, i2t = check(images, captions, caption_image, [1, 5, 10], budget)
+    assert t2i.tied.any() and i2t.tied.any()
+
+
+def test_a_tied_block_larger_than_the_kept_list_and_k_beyond_the_candidates(entries_from):
+    """40 copies of one caption text over 40 images tie at the top of image 0's column (more than the pass keeps):
+    that query goes to its row; the images' ranks among the copies come from the window."""
+    rng = np.random.default_rng(11)
+    images = unit(rng.normal(size=(48, 12)))
+    text = unit(images[:1] + 0.05)
+    others = unit(images[np.arange(48) % 48] + rng.normal(scale=0.3, size=(48, 12)))
+    captions = np.concatenate([np.repeat(text, 40, axis=0), others])
+    caption_image = np.concatenate([np.arange(40), np.arange(48)])
+    t2i, i2t = check(images, captions, caption_image, [1, 5, 100])
+    assert i2t.hits[:, 2].all()  # k=100 > 88 captions: every image with a caption hits
+
+
+def test_one_query_and_many_captions_of_one_text(entries_from):
+    rng = np.random.default_rng(2)
+    images = unit(rng.normal(size=(20, 8)))
+    check(images, unit(rng.normal(size=(1, 8))), np.array([7]), [1, 3, 50])
+    many = np.repeat(unit(images[:1] + 0.1), 30, axis=0)  # 30 equal captions of image 3 and others
+    check(images, many, rng.integers(0, 20, size=30), [1, 5])
+
+
+def captions_with_repeats(seed: int, n_images: int = 300, per_image: int = 5, dim: int = 32):
+    """Captions near their image; a third of them copies of 20 frequent texts (each ~30 times, over other images),
+    and 5% of the images exact duplicates: ties in both directions, as in COCO / Flickr."""
+    rng = np.random.default_rng(seed)
+    images = unit(rng.normal(size=(n_images, dim)))
+    copies = rng.random(n_images) < 0.05
+    images[copies] = images[rng.integers(0, n_images, copies.sum())]
+    caption_image = np.repeat(np.arange(n_images), per_image)
+    captions = unit(images[caption_image] + rng.normal(scale=0.25, size=(len(caption_image), dim)))
+    repeated = rng.random(len(captions)) < 1 / 3
+    captions[repeated] = captions[rng.choice(len(captions), 20, replace=False)][rng.integers(0, 20, repeated.sum())]
+    return images, captions, caption_image
+
+
+@pytest.mark.parametrize(("seed", "width", "budget"), [(0, None, 1 << 26), (1, None, 1 << 26), (2, 37, 4 * 37 * 90)])
+def test_repeated_captions_places_equal_brute_force_and_stay_off_the_rows(seed, width, budget, monkeypatch):
+    """The places come from the windows: the rows recomputed with places are those the recall decision recomputes
+    anyway (topk's choice) plus the few images whose top block of another image's copies runs past the kept list.
+    With narrow tiles, a window spans several tiles and chunks."""
+    monkeypatch.setattr(retrieval_pass, "SMALL_MATRIX", 0)
+    if width:
+        monkeypatch.setattr(retrieval_pass, "TILE_WIDTH", width)
+    images, captions, caption_image = captions_with_repeats(seed)
+    t2i, i2t = check(images, captions, caption_image, [1, 5, 10], budget)
+    args = (torch.from_numpy(captions), torch.from_numpy(images), torch.from_numpy(caption_image), [1, 5, 10], budget)
+    bare_t2i, bare_i2t = query_outcomes(*args, places=False)
+    assert (t2i.hits == bare_t2i.hits).all() and (i2t.hits == bare_i2t.hits).all()
+    assert t2i.tied.any() and i2t.tied.any()
+    assert t2i.decided_exactly == bare_t2i.decided_exactly
+    assert i2t.decided_exactly - bare_i2t.decided_exactly <= 0.1 * len(images)
+
+
+@pytest.mark.parametrize("dim", [8, 64, 512])
+def test_exact_entries_in_small_blocks_equal_the_full_product(dim, monkeypatch):
+    monkeypatch.setattr(retrieval_pass, "SMALL_MATRIX", 0)
+    rng = np.random.default_rng(dim)
+    captions, images = unit(rng.normal(size=(700, dim))), unit(rng.normal(size=(300, dim)))
+    exact = ExactScores(torch.from_numpy(captions), torch.from_numpy(images), 1 << 26)
+    assert exact.full is None
+    caption, image = rng.integers(0, 700, size=2000), rng.integers(0, 300, size=2000)
+    caption[:5], image[:5] = 3, np.arange(5)  # one caption with few images: padded blocks
+    full = (torch.from_numpy(captions) @ torch.from_numpy(images).T).numpy()
+    assert np.array_equal(exact_entries(exact, caption, image), full[caption, image])
+    assert exact_entries(exact, caption[:0], image[:0]).shape == (0,)
