@@ -31,7 +31,7 @@ from clipcache.tasks.score.retrieval_queries import TOP, PositionCounter, best_c
 if TYPE_CHECKING:
     from clipcache.tasks.score.retrieval_pass import ExactScores, QueryOutcomes, Scanned
 
-PAIR_ROWS = 32  # captions per block of exact entries: the images their pairs ask stay few
+PAIR_ROWS = 64  # captions per block of exact entries: the images their pairs ask stay few
 
 Entries = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
