@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from retrieval_sets import retrieval_set
 
 from clipcache.storage.results import write_sample_rows
 from clipcache.tasks.score.classification import ClassificationCounts, logit_batches, zero_shot_classifier
@@ -114,25 +115,6 @@ def classification(n_images: int, n_classes: int, dim: int, repeats: int) -> Non
     print(f"    intervals alone (acc1, acc5, mean per-class recall; {RESAMPLES} resamples): {bootstrap} "
           f"(target < 1 s)")
     print(f"    sample rows: {size / 2**20:.2f} MB of Parquet (target <= 3 MB per 50,000)")
-
-
-def retrieval_set(rng: np.random.Generator, n_images: int, per_image: int, dim: int, ties: bool
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Captions near their image (realistic ranks). ``ties``: as in COCO / Flickr, some captions are word for word
-    the same text (a third of them copies of 250 frequent ones, each ~30 times) and some images the same picture
-    (5% exact duplicates): exact score ties in both directions."""
-    owner = np.repeat(np.arange(n_images), per_image)
-    images = unit(rng, n_images, dim)
-    if ties:
-        copies = rng.random(n_images) < 0.05
-        images[copies] = images[rng.integers(0, n_images, int(copies.sum()))]
-    captions = images[owner] + 5.0 * unit(rng, len(owner), dim)
-    captions /= np.linalg.norm(captions, axis=1, keepdims=True)
-    if ties:
-        frequent = captions[rng.choice(len(owner), 250, replace=False)].copy()
-        repeated = rng.random(len(owner)) < 1 / 3
-        captions[repeated] = frequent[rng.integers(0, len(frequent), int(repeated.sum()))]
-    return torch.from_numpy(captions), torch.from_numpy(images), torch.from_numpy(owner)
 
 
 def retrieval(n_images: int, per_image: int, dim: int, repeats: int) -> None:

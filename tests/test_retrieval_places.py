@@ -11,7 +11,7 @@ import torch
 from test_evidence_retrieval import clip_benchmark_hits
 from test_retrieval_pass import tied_data, unit
 
-from clipcache.tasks.score import retrieval_pass
+from clipcache.tasks.score import retrieval_pass, retrieval_queries
 from clipcache.tasks.score.retrieval_pass import ExactScores, query_outcomes
 from clipcache.tasks.score.retrieval_places import exact_entries
 
@@ -134,3 +134,19 @@ def test_exact_entries_in_small_blocks_equal_the_full_product(dim, monkeypatch):
     full = (torch.from_numpy(captions) @ torch.from_numpy(images).T).numpy()
     assert np.array_equal(exact_entries(exact, caption, image), full[caption, image])
     assert exact_entries(exact, caption[:0], image[:0]).shape == (0,)
+
+
+def test_the_torch_count_path_gives_the_same_places(monkeypatch):
+    """The counts and windows a GPU makes (torch operations on the tile), run here on CPU tensors: the same places
+    as the NumPy path and the brute force."""
+    init = retrieval_queries.PositionCounter.__init__
+
+    def torch_path(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._cpu = False
+
+    monkeypatch.setattr(retrieval_queries.PositionCounter, "__init__", torch_path)
+    monkeypatch.setattr(retrieval_pass, "SMALL_MATRIX", 0)
+    monkeypatch.setattr(retrieval_pass, "TILE_WIDTH", 37)
+    images, captions, caption_image = captions_with_repeats(3, n_images=150)
+    check(images, captions, caption_image, [1, 5, 10], 4 * 37 * 90)
