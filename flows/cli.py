@@ -78,15 +78,28 @@ EVAL_COMMANDS = {
 
 
 def _eval_parser(sub: argparse._SubParsersAction, command: str, full: bool = True) -> None:
-    """The eval / rescore parser; ``full=False`` only names it (its flags need the parameter model, whose import
-    a call of another command does not pay for)."""
+    """The eval / rescore parser; ``full=False`` only names it. Its flags come from their stored description
+    (flows/cli_flags.py), so neither --help nor a name error imports the parameter models."""
     help_text, description = EVAL_COMMANDS[command]
     p = sub.add_parser(command, help=help_text, description=description)
     if not full:
         return
+    from clipcache.flows.cli_flags import add_flags
+
+    add_flags(p)
+    p.set_defaults(handler=_cmd_eval, cached_only=command == "rescore")
+
+
+def eval_flags(p: Any, builtin_only: bool = False) -> None:
+    """Declare the eval / rescore flags on ``p`` (an argparse parser, or flows/cli_flags.py's recorder) from the
+    live parameter models and registries; ``builtin_only``: registry choices without installed plugins' names."""
     from clipcache.flows.params import EvaluateParams
     from clipcache.tasks.evaluation import TASKS
     from clipcache.tasks.models import LOADERS
+    from clipcache.tasks.models.api_spec import ApiFields
+
+    def names(registry: Any) -> list[str]:
+        return [n for n in registry.names() if not builtin_only or registry.origin(n) == "clipcache"]
 
     models = p.add_argument_group("models (evaluated as the product of --model and --pretrained, as clip_benchmark)")
     _flag(models, "model", nargs="+", default=None, help="open_clip architecture, local-dir:PATH, hf-hub:ORG/REPO, "
@@ -95,17 +108,15 @@ def _eval_parser(sub: argparse._SubParsersAction, command: str, full: bool = Tru
     _flag(models, "pretrained_model", nargs="+", default=None,
           help="instead of the product: ARCH,PRETRAINED pairs, collections (openai, openclip_base, "
                "openclip_multilingual, openclip_all) or files with one ARCH,PRETRAINED per line")
-    _flag(models, "model_type", default="auto", choices=["auto", *LOADERS.names()],
+    _flag(models, "model_type", default="auto", choices=["auto", *names(LOADERS)],
           help="which loader reads the model (auto: the first that recognises the name)")
     _flag(models, "arch_config", default=None, help="extra open_clip architecture JSON file or folder")
     _flag(models, "revision", default=None, help="hub revision (branch, tag or commit) of hub model ids")
     _flag(models, "trust_remote_code", action="store_true", default=False,
           help="run the Python code the models' own local folders supply (--model_type internvl); recorded, with "
                "a hash of every code file, in each model's identity")
-    from clipcache.tasks.models.api_spec import ApiFields
-
     add_param_flags(models, ApiFields, {})  # --api_base, --api_revision, ... of api: models (docs/api_models.md)
-    add_param_flags(p, EvaluateParams, {"task": ["auto", *TASKS.names()]})
+    add_param_flags(p, EvaluateParams, {"task": ["auto", *names(TASKS)]})
     amp = p.add_mutually_exclusive_group()
     amp.add_argument("--amp", dest="amp", action="store_true", default=False,
                      help="mixed precision: bf16 on CPU, fp16 on CUDA")
@@ -114,7 +125,6 @@ def _eval_parser(sub: argparse._SubParsersAction, command: str, full: bool = Tru
     _flag(p, "orchestrator", choices=["auto", "prefect", "local"], default="auto",
           help="prefect: every run a Prefect flow run; local: plain calls; auto (default): prefect when a Prefect "
                "server is configured (PREFECT_API_URL or `clipcache server start`), else local")
-    p.set_defaults(handler=_cmd_eval, cached_only=command == "rescore")
 
 
 def models_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def human_bytes(n: float) -> str:
@@ -50,6 +51,8 @@ def run_cache_command(args: argparse.Namespace) -> int:
         from clipcache.storage.errors import ConfigError
 
         raise ConfigError(f"cache_dir: {args.cache_dir} does not exist (no cache there; `clipcache eval` creates one)")
+    from rich.console import Console  # imported when a cache command runs, not to build the CLI
+
     out = Console(width=None if Console().is_terminal else 160)
     return {"ls": _ls, "info": _info, "verify": _verify, "rm": _rm, "gc": _gc}[args.action](store, args, out)
 
@@ -71,6 +74,8 @@ def _ls(store, args, out: Console) -> int:
         for info in infos:
             print(json.dumps(info.as_dict()))  # JSON lines, for jq / scripts
         return 0
+    from rich.table import Table
+
     table = Table(title=f"{store.root}: {len(infos)} entries, {human_bytes(sum(i.bytes for i in infos))}")
     for column in ("key", "kind", "model", "dataset", "split", "serves", "rows", "dim", "dtype", "size", "created",
                    "last used"):

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-from rich.table import Table
-
 
 def add_catalog_parsers(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("datasets", help="every dataset name: task, original layout, hub repository, cached or not, size")
@@ -86,6 +83,9 @@ COLUMNS = ("name", "task", "original layout", "hosted", "cached", "size")
 
 
 def run_datasets(args: argparse.Namespace) -> int:
+    from rich.console import Console  # on use: building the CLI does not import rich
+    from rich.table import Table
+
     if args.markdown:
         print(markdown_table())
         return 0
@@ -100,6 +100,8 @@ def run_datasets(args: argparse.Namespace) -> int:
 
 def run_models(args: argparse.Namespace) -> int:
     import open_clip
+    from rich.console import Console  # on use: building the CLI does not import rich
+    from rich.table import Table
 
     from clipcache.tasks.models.open_clip_loader import BUNDLED
     from clipcache.tasks.models.presets import presets as load_presets
@@ -135,7 +137,9 @@ def run_models(args: argparse.Namespace) -> int:
 
 
 def _model_types() -> int:
+    from rich.console import Console  # on use: building the CLI does not import rich
     from rich.markup import escape
+    from rich.table import Table
 
     from clipcache.storage.errors import ModelError
     from clipcache.tasks.models import LOADERS

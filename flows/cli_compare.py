@@ -11,8 +11,8 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("compare", help="compare two experiments or models sample by sample (intervals, McNemar)",
                        description="Line up every dataset and metric two experiments (or two models' reference "
                                    "experiments) share, from their per-sample rows: the difference, its paired "
-                                   "bootstrap 95%% interval, a p-value (exact McNemar for acc@1 / acc@5), the samples "
-                                   "flipped each way and a verdict at the 5%% level. SQL: sample_flips('<id A>', "
+                                   "bootstrap 95% interval, a p-value (exact McNemar for acc@1 / acc@5), the samples "
+                                   "flipped each way and a verdict at the 5% level. SQL: sample_flips('<id A>', "
                                    "'<id B>') in `clipcache query`.")
     c.add_argument("--baseline", required=True, help="experiment id (or a unique prefix), model, model@checkpoint")
     c.add_argument("--candidate", required=True, help="experiment id (or a unique prefix), model, model@checkpoint")
