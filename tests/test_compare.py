@@ -106,3 +106,42 @@ def test_compare_pairs_retrieval_queries_per_direction_and_k(work, capsys):
         flips = con.execute("SELECT count(*) FROM sample_flips(?, ?) WHERE unit = ?",
                             [row["baseline_experiment"], row["candidate_experiment"], unit]).fetchone()[0]
         assert flips == row["flipped_to_correct"] + row["flipped_to_wrong"]
+
+
+def test_compare_takes_a_model_as_eval_took_it(work, capsys):
+    """local-dir:PATH, the folder itself and an experiment id prefix name the same experiments as the results' own
+    label (the folder's name)."""
+    out = ["--output_dir", str(work / "out")]
+    expected = None
+    for candidate in ("perturbed", f"local-dir:{work / 'perturbed'}", str(work / "perturbed")):
+        code, text, err = run_cli(["compare", "--baseline", "tiny-shapes-clip", "--candidate", candidate, *out,
+                                   "--format", "json"], capsys)
+        assert code == 0, (candidate, err)
+        rows = json.loads(text)
+        expected = expected or rows
+        assert [r["candidate_experiment"] for r in rows] == [r["candidate_experiment"] for r in expected]
+    experiment = expected[0]["candidate_experiment"]
+    code, text, err = run_cli(["compare", "--baseline", "tiny-shapes-clip", "--candidate", experiment[:10], *out,
+                               "--format", "json"], capsys)
+    assert code == 0 and json.loads(text)[0]["candidate_experiment"] == experiment, err
+
+
+def test_an_ambiguous_name_lists_the_candidates_in_one_line(work, capsys):
+    """Two folders named perturbed with other weights: the name fits two models; each folder's path still names
+    one."""
+    from clipcache.flows.cli import main
+
+    other = perturbed_tiny_model(work / "other" / "perturbed", spread=0.5)
+    out = ["--output_dir", str(work / "out")]
+    assert main(["eval", "--model", f"local-dir:{other}", *COMMON, "--limit", "300", *out, "--cache_dir",
+                 str(work / "cache")]) == 0
+    code, _, err = run_cli(["compare", "--baseline", "tiny-shapes-clip", "--candidate", "perturbed", *out], capsys)
+    assert_refused(code, err, "names 2 models")
+    assert err.strip().count("\n") == 0 and err.count("perturbed@perturbed@") == 2  # model@checkpoint, as typed
+    experiments = []
+    for candidate in (f"local-dir:{work / 'perturbed'}", f"local-dir:{other}"):
+        code, text, err = run_cli(["compare", "--baseline", "tiny-shapes-clip", "--candidate", candidate, *out,
+                                   "--format", "json"], capsys)
+        assert code == 0, (candidate, err)
+        experiments.append({r["candidate_experiment"] for r in json.loads(text)})
+    assert experiments[0].isdisjoint(experiments[1])

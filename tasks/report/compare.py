@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from clipcache.storage.errors import ConfigError, ResultsError
+from clipcache.tasks.report.selectors import select
 from clipcache.tasks.score.intervals import (
     DEFAULT_RESAMPLES,
     Statistic,
@@ -52,19 +53,16 @@ class ComparisonRow:
 
 
 def _experiments(con: Any, selector: str) -> list[dict[str, Any]]:
-    """The experiments a selector names: an experiment id (or a unique prefix of one), else a model name, a
-    ``model@checkpoint-label`` or a checkpoint identity; for a model, its reference experiments (full data, own
-    prompts, default options)."""
+    """The experiments a selector names (tasks/report/selectors.py: an experiment id or a unique prefix of one, or
+    a model as results or ``eval`` name it); for a model, its reference experiments (full data, own prompts,
+    default options)."""
     columns = ["experiment_id", "model", "pretrained", "checkpoint", *PAIR_GRAIN, "sample_limit", "default_prompts",
                "task_options"]
     rows = con.execute(f"SELECT DISTINCT {', '.join(columns)} FROM metrics").fetchall()
     found = [dict(zip(columns, r, strict=True)) for r in rows]
-    by_id = [e for e in found if e["experiment_id"].startswith(selector)]
-    if by_id and len({e["experiment_id"] for e in by_id}) == 1:
-        return by_id[:1]
-    model, _, label = selector.partition("@")
-    named = [e for e in found if (e["model"] == model and (not label or e["pretrained"] == label))
-             or e["checkpoint"] == selector]
+    named = select(found, selector)
+    if len(named) == 1 and named[0]["experiment_id"].startswith(selector):
+        return named  # an experiment named by its id is compared as given
     reference = [e for e in named if e["sample_limit"] is None and e["default_prompts"] and e["task_options"] == "{}"]
     return reference or [e for e in named if e["default_prompts"] and e["task_options"] == "{}"]
 
