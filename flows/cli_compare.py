@@ -41,20 +41,38 @@ def run_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    # every column needs about 150 columns; a narrower terminal gets the columns a verdict rests on, whole names
+    narrow = console.width < 150
+    columns: tuple[str, ...] = ("dataset", "metric", "n", "baseline", "candidate", "difference", "95% interval", "p",
+                                "p (Holm)", "flips +/-", "verdict")
+    if narrow:
+        columns = ("metric", "difference", "95% interval", "p", "verdict")
     table = Table(title=f"{args.candidate} vs {args.baseline}")
-    for column in ("dataset", "metric", "n", "baseline", "candidate", "difference", "95% interval", "p", "p (Holm)",
-                   "flips +/-", "verdict"):
-        table.add_column(column, justify="left" if column in ("dataset", "metric", "verdict") else "right")
+    if narrow:
+        table.box = None
+    longest = max((len(r.metric) for r in rows), default=6)
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("dataset", "metric", "verdict") else "right",
+                         overflow="fold", no_wrap=column != "verdict", min_width=longest if column == "metric" else None)
 
     def fmt(value: float | None, digits: int = 4) -> str:
         return "" if value is None else f"{value:.{digits}f}"
 
+    dataset = None
     for r in rows:
         flips = "" if r.flipped_to_correct is None else f"+{r.flipped_to_correct} / -{r.flipped_to_wrong}"
-        table.add_row(r.dataset, r.metric, str(r.n), fmt(r.baseline), fmt(r.candidate), f"{r.difference:+.4f}",
-                      f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]", fmt(r.p_value, 3), fmt(r.p_holm, 3), flips, r.verdict)
-    console = Console(width=None if sys.stdout.isatty() else 160)
+        cells = {"dataset": r.dataset, "metric": r.metric, "n": str(r.n), "baseline": fmt(r.baseline),
+                 "candidate": fmt(r.candidate), "difference": f"{r.difference:+.4f}",
+                 "95% interval": f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]", "p": fmt(r.p_value, 3),
+                 "p (Holm)": fmt(r.p_holm, 3), "flips +/-": flips, "verdict": r.verdict}
+        if narrow and r.dataset != dataset:
+            dataset = r.dataset
+            table.add_row(f"[bold]{r.dataset}[/] (n {r.n})")
+        table.add_row(*(cells[c] for c in columns))
     console.print(table)
+    if narrow:
+        console.print("(a wider terminal, or --format json, shows every column: n, both values, Holm's p, flips)")
     if len(rows) > 1:
         console.print(f"{len(rows)} comparisons: the verdicts use each p-value alone; 'p (Holm)' adjusts them for "
                       f"making {len(rows)} comparisons at once (read a verdict as real only if it is below 0.05)")

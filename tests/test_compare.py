@@ -4,6 +4,7 @@ the JSON, and `clipcache compare` pairs two checkpoints sample by sample (its fl
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -82,20 +83,26 @@ def test_compare_names_an_unknown_side(work, capsys):
     assert_refused(code, err, "no completed experiment matches 'nope'")
 
 
-def test_compare_pairs_retrieval_queries_per_direction_and_k(work, capsys):
-    """Retrieval rows share sample indices across units (text and image queries): each direction is compared on its
-    own queries, per k, and its flips equal sample_flips' rows of that unit."""
+def retrieval_results(work):
+    """Both models on 150 shapes_retrieval pairs, recall@1/5/10, in work/retrieval (cached after the first)."""
     from clipcache.flows.cli import main
 
     dirs = ["--output_dir", str(work / "retrieval"), "--cache_dir", str(work / "cache"), "--quiet", "--orchestrator",
-            "local", "--dataset", "shapes_retrieval", "--limit", "150", "--recall_k", "1", "5"]
-    for model in ("tiny-shapes-clip", f"local-dir:{work / 'perturbed'}"):
-        assert main(["eval", "--model", model, *dirs]) == 0
+            "local", "--dataset", "shapes_retrieval", "--limit", "150", "--recall_k", "1", "5", "10"]
+    if not (work / "retrieval").exists():
+        for model in ("tiny-shapes-clip", f"local-dir:{work / 'perturbed'}"):
+            assert main(["eval", "--model", model, *dirs]) == 0
+
+
+def test_compare_pairs_retrieval_queries_per_direction_and_k(work, capsys):
+    """Retrieval rows share sample indices across units (text and image queries): each direction is compared on its
+    own queries, per k, and its flips equal sample_flips' rows of that unit."""
+    retrieval_results(work)
     code, out, err = run_cli(["compare", "--baseline", "tiny-shapes-clip", "--candidate", "perturbed",
                               "--output_dir", str(work / "retrieval"), "--format", "json"], capsys)
     assert code == 0, err
     rows = {r["metric"]: r for r in json.loads(out)}
-    assert set(rows) == {f"{d}_retrieval_recall@{k}" for d in ("image", "text") for k in (1, 5)}
+    assert list(rows) == [f"{d}_retrieval_recall@{k}" for d in ("image", "text") for k in (1, 5, 10)]  # by k
     con = connect(work / "retrieval")
     for metric, row in rows.items():
         stored = con.execute("SELECT value FROM metrics WHERE experiment_id = ? AND metric = ? AND k = ?",
@@ -145,3 +152,19 @@ def test_an_ambiguous_name_lists_the_candidates_in_one_line(work, capsys):
         assert code == 0, (candidate, err)
         experiments.append({r["candidate_experiment"] for r in json.loads(text)})
     assert experiments[0].isdisjoint(experiments[1])
+
+
+def test_compare_table_keeps_metric_names_whole_in_80_columns(work, capsys, monkeypatch):
+    import sys
+
+    retrieval_results(work)
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    code, out, err = run_cli(["compare", "--baseline", "tiny-shapes-clip", "--candidate", "perturbed",
+                              "--output_dir", str(work / "retrieval")], capsys)
+    assert code == 0, err
+    out = re.sub(r"\x1b\[[0-9;]*m", "", out)  # the terminal's styles
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    names = [f"{d}_retrieval_recall@{k}" for d in ("image", "text") for k in (1, 5, 10)]
+    at = [out.index(name) for name in names]  # each whole, in reading order
+    assert at == sorted(at) and "…" not in out

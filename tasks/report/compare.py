@@ -9,6 +9,7 @@ each way, a verdict at the 5% level, and Holm-adjusted p-values across everythin
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,6 +51,11 @@ class ComparisonRow:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def metric_order(name: str) -> tuple[tuple[int, Any], ...]:
+    """Metric names in reading order: the numbers in a name by value (recall@1, recall@5, recall@10)."""
+    return tuple((1, int(part)) if part.isdigit() else (0, part) for part in re.split(r"(\d+)", name))
 
 
 def _experiments(con: Any, selector: str) -> list[dict[str, Any]]:
@@ -193,7 +199,7 @@ def _compare_unit(con: Any, a: dict[str, Any], b: dict[str, Any], unit: str, *, 
         n_classes = int(max(sa["target"].max(), sa["prediction"].max(), sb["prediction"].max())) + 1
     stats_a, stats_b = _statistics(a["task"], unit, sa, n_classes), _statistics(b["task"], unit, sb, n_classes)
     rows = []
-    for metric in sorted(stats_a.keys() & stats_b.keys()):
+    for metric in sorted(stats_a.keys() & stats_b.keys(), key=metric_order):
         (fa, va, ca), (fb, vb, cb) = stats_a[metric], stats_b[metric]
         result = compare_paired(fa, fb, len(sa["sample_index"]), resamples=resamples, seed=seed, observed=(va, vb),
                                 correct=(ca, cb) if ca is not None and cb is not None else None)
@@ -217,5 +223,5 @@ def compare(con: Any, baseline: str, candidate: str, *, resamples: int = DEFAULT
                            "multilabel classification and text retrieval are not compared sample by sample)")
     for row, adjusted in zip(rows, holm([r.p_value for r in rows]), strict=True):
         row.p_holm = adjusted
-    rows.sort(key=lambda r: (r.dataset, r.metric))
+    rows.sort(key=lambda r: (r.dataset, metric_order(r.metric)))
     return rows
