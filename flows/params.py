@@ -146,6 +146,8 @@ class EvaluateParams(BaseModel):
                                                   "numbers, cached apart)")
     decode_pool: DecodePoolKind = Field(EncodeSettings.decode_pool, description="what decodes on the CPU: "
                                         "processes, threads, or auto (processes from 4,096 images); same numbers")
+    prefetch: PositiveInt = Field(EncodeSettings.prefetch, description="batches each decoding worker decodes ahead "
+                                  "(torch DataLoader's prefetch_factor); same numbers")
     limit: PositiveInt | None = Field(None, description="evaluate exactly the first N samples")
     amp: bool = Field(False, description="mixed precision: bf16 on CPU, fp16 on CUDA (default fp32, for parity)")
     device: str = Field("auto", description="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
@@ -338,7 +340,7 @@ class EvaluateParams(BaseModel):
             task=self.task, source=source, languages=tuple(self.language),
             prompts=PromptSettings(classnames=self.classnames, templates=self.templates),
             encode=EncodeSettings(self.batch_size, self.num_workers, self.on_bad_image, cached_only,
-                                  decode_pool=self.decode_pool),
+                                  decode_pool=self.decode_pool, prefetch=self.prefetch),
             score=ScoreSettings(tuple(self.recall_k), tuple(self.retrieval_metrics), batch_size=self.batch_size,
                                 bootstrap=self.bootstrap),
             options=self.option_values(),

@@ -98,6 +98,7 @@ class EncodeSettings:
     cached_only: bool = False  # rescore: everything but never-seen class prompts must come from the cache
     options: TaskOptions | None = None  # the task's options (TaskOptions.of); linear_probe's choose its splits
     decode_pool: DecodePoolKind = "auto"  # never changes a vector: processes and threads decode alike
+    prefetch: int = 2  # batches in flight per decoding worker (DataLoader's prefetch_factor); never changes a vector
 
 
 @dataclass(frozen=True)

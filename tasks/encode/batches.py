@@ -91,8 +91,9 @@ def batch_ranges(start: int, end: int, batch_size: int) -> list[tuple[int, int]]
 
 
 def thread_batches(dataset: EvalDataset, transform: Any, ranges: list[tuple[int, int]], num_workers: int,
-                   pin_memory: bool = False) -> Iterator[ImageBatch]:
-    """``num_workers`` threads decode whole batches ahead of the model (0: in the calling thread)."""
+                   pin_memory: bool = False, prefetch: int = 2) -> Iterator[ImageBatch]:
+    """``num_workers`` threads decode whole batches ahead of the model, ``prefetch`` per thread (0: in the calling
+    thread)."""
     def load(batch: tuple[int, int]) -> ImageBatch:
         return collate([load_item(dataset, transform, i) for i in range(*batch)], pin_memory)
 
@@ -102,7 +103,7 @@ def thread_batches(dataset: EvalDataset, transform: Any, ranges: list[tuple[int,
     pending_ranges = iter(ranges)
     pool = ThreadPoolExecutor(num_workers, thread_name_prefix="clipcache-decode")
     try:
-        pending = deque(pool.submit(load, b) for b in islice(pending_ranges, 2 * num_workers))
+        pending = deque(pool.submit(load, b) for b in islice(pending_ranges, max(1, prefetch) * num_workers))
         while pending:
             batch = pending.popleft().result()
             following = next(pending_ranges, None)
@@ -115,12 +116,14 @@ def thread_batches(dataset: EvalDataset, transform: Any, ranges: list[tuple[int,
 
 def iter_image_batches(dataset: EvalDataset, transform: Any, start: int, batch_size: int,
                        num_workers: int | None, stop: int | None = None, *, pool: DecodePoolKind = "threads",
-                       portable: Any = None, pin_memory: bool = False) -> Generator[ImageBatch, None, None]:
+                       portable: Any = None, pin_memory: bool = False,
+                       prefetch: int = 2) -> Generator[ImageBatch, None, None]:
     """Batches of decoded images from position ``start`` up to ``stop`` (default: the end), in dataset order.
 
     ``transform`` runs in threads; ``portable`` (tasks/encode/preprocess.py: ``portable_transform``), when given,
     is what worker processes run instead; without it, or when the dataset cannot be sent to a process, threads
-    decode. ``num_workers``: decoding threads or processes (None: the cores available; 0: in this thread).
+    decode. ``num_workers``: decoding threads or processes (None: the cores available; 0: in this thread);
+    ``prefetch``: batches each of them decodes ahead.
 
     A batch from worker processes views shared memory that is reused once the next batch is asked for (or after
     its ``release_event``): copy what must outlive that.
@@ -134,7 +137,7 @@ def iter_image_batches(dataset: EvalDataset, transform: Any, start: int, batch_s
         decoders = acquire_pool(workers)  # None while another encode of this process holds it
         if decoders is not None:
             try:
-                batches = process_batches(decoders, dataset, portable, ranges, pin_memory)
+                batches = process_batches(decoders, dataset, portable, ranges, pin_memory, prefetch)
                 if batches is not None:
                     yield from batches
                     return
@@ -143,17 +146,17 @@ def iter_image_batches(dataset: EvalDataset, transform: Any, start: int, batch_s
         if pool == "processes":
             log.warning("decoding %s in threads: %s", dataset.name, "its images or the model's preprocessing "
                         "cannot be sent to a process" if decoders is not None else "another encode holds the pool")
-    yield from thread_batches(dataset, transform, ranges, workers, pin_memory)
+    yield from thread_batches(dataset, transform, ranges, workers, pin_memory, prefetch)
 
 
 def process_batches(decoders: DecodePool, dataset: EvalDataset, portable: Any, ranges: list[tuple[int, int]],
-                    pin_memory: bool = False) -> Iterator[ImageBatch] | None:
+                    pin_memory: bool = False, prefetch: int = 2) -> Iterator[ImageBatch] | None:
     """``ranges`` decoded by the processes of ``decoders``; None when the dataset or ``portable`` (the transform)
     cannot go to a process, or no image of the first batches decodes (then threads report every image)."""
     payload, item = _process_job(dataset, portable, ranges)
     if payload is None or item is None:
         return None
-    return decoders.batches(dataset, payload, ranges, item, pin_memory=pin_memory)
+    return decoders.batches(dataset, payload, ranges, item, pin_memory=pin_memory, prefetch=prefetch)
 
 
 def choose_pool(requested: DecodePoolKind, images: int, workers: int) -> Literal["processes", "threads"]:
@@ -219,9 +222,10 @@ def model_batches(model: EmbeddingModel, dataset: EvalDataset, start: int, setti
         if device.type != "cuda":
             raise ConfigError(f"decode: --decode gpu decodes on a CUDA device; this model runs on {device}")
 
-        return gpu_batches(dataset, model, start, settings.batch_size, settings.num_workers, device=device, stop=stop)
+        return gpu_batches(dataset, model, start, settings.batch_size, settings.num_workers, device=device, stop=stop,
+                           prefetch=settings.prefetch)
     from clipcache.tasks.encode.preprocess import portable_transform
 
     return iter_image_batches(dataset, model.image_transform, start, settings.batch_size, settings.num_workers, stop,
                               pool=settings.decode_pool, portable=portable_transform(model),
-                              pin_memory=device.type == "cuda")
+                              pin_memory=device.type == "cuda", prefetch=settings.prefetch)

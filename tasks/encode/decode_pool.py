@@ -12,11 +12,13 @@ Here each worker is a process of its own:
   One pool serves every encode of the process, so the start is paid once.
 - **No pixel is pickled.** A job sends each worker the pickled dataset index and transform once; batches are decoded
   into slots of one shared-memory ring (a ``memfd``: no /dev/shm size limit, nothing left behind if the parent is
-  killed) and the parent reads them in place. With CUDA the ring is registered as pinned memory, so copies to the
-  device are asynchronous and no staging copy is made.
-- **In order, bounded.** Batches are dispatched in dataset order, at most ``PREFETCH`` per worker, into free slots;
-  the parent yields them in order. A slot returns to the pool when the consumer asks for the next batch, or, when it
-  said so (:meth:`ImageBatch.release_after`), once the device has finished copying it.
+  killed) and the parent reads them in place. The ring belongs to the pool, not to the encode: it is allocated (and,
+  with CUDA, page-locked with ``cudaHostRegister`` so copies to the device are asynchronous with no staging copy)
+  once per process, and only again when a later encode needs more room than it has.
+- **In order, bounded.** Batches are dispatched in dataset order, at most ``prefetch`` per worker (torch's DataLoader
+  keeps ``prefetch_factor`` = 2), into free slots; the parent yields them in order. A slot returns to the pool when the
+  consumer asks for the next batch, or, when it said so (:meth:`ImageBatch.release_after`), once the device has
+  finished copying it.
 - **Failures are one line.** A worker that dies (OOM killer, SIGKILL) is seen at once (its socket closes) and the
   encode fails with :class:`DecodeWorkerError` naming the worker, how it ended and the images it held; committed
   rows stay committed, so a rerun resumes. Ctrl-C reaches the parent, which kills the workers; workers ignore SIGINT
@@ -51,8 +53,9 @@ from clipcache.tasks.encode.decode_worker import recv, send
 
 log = logging.getLogger("clipcache.encode")
 
-PREFETCH = 2  # batches in flight per worker (torch DataLoader's prefetch_factor)
-RING_BYTES = 2 * 2**30  # shared memory per encode beyond one batch per worker (64 x 224 px float32: 38.5 MB a batch)
+PREFETCH = 2  # default batches in flight per worker (torch DataLoader's prefetch_factor)
+RING_MIN_BYTES = 2 * 2**30  # the ring may always take this much (64 x 224 px float32: 38.5 MB a batch) ...
+RING_MEMORY_SHARE = 8  # ... or an eighth of the machine's memory, whichever is more (at least a slot per worker + 2)
 _BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
          "from clipcache.tasks.encode.decode_worker import main; main(int(sys.argv[2]))")
 _job_ids = itertools.count(1)
@@ -75,6 +78,53 @@ class _Worker:
     held: dict[int, tuple[int, int]]  # seq -> (lo, hi) of the batches sent, not yet answered
 
 
+def ring_budget() -> int:
+    """Bytes the ring may take: an eighth of the machine's memory, at least RING_MIN_BYTES."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        memory = 0
+    return max(RING_MIN_BYTES, memory // RING_MEMORY_SHARE)
+
+
+def ring_slots(workers: int, prefetch: int, slot_bytes: int, budget: int) -> int:
+    """``prefetch`` batches per worker + the batch being encoded + one the device may still be copying, within
+    ``budget`` bytes; never fewer than one per worker + 2."""
+    return max(workers + 2, min(prefetch * workers + 2, budget // max(1, slot_bytes)))
+
+
+@dataclass
+class _Ring:
+    """The pool's shared memory: mapped by every worker, reused by every encode that fits in it."""
+
+    number: int
+    memory: mmap.mmap
+    nbytes: int
+    pinned: bool = False
+
+    def view(self, slots: int, rows: int, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
+        return torch.from_numpy(np.ndarray((slots, rows, *shape), dtype=dtype, buffer=self.memory))
+
+    def pin(self) -> None:
+        if not self.pinned:
+            self.pinned = _pin(torch.frombuffer(self.memory, dtype=torch.uint8))
+
+    def unpin(self) -> None:
+        if self.pinned:
+            self.pinned = False
+            _unpin(torch.frombuffer(self.memory, dtype=torch.uint8))
+
+
+@dataclass
+class PoolStats:
+    """What the pool did in this process (tests and benchmarks read it)."""
+
+    rings: int = 0  # shared-memory rings allocated
+    pins: int = 0  # rings page-locked (cudaHostRegister)
+    max_in_flight: int = 0  # batches sent and not yet answered, at most, over the last encode
+    max_per_worker: int = 0  # of them held by one worker, at most
+
+
 class DecodePool:
     """``size`` decoding processes; one job (one encode) at a time."""
 
@@ -82,6 +132,8 @@ class DecodePool:
         self.size = size
         self.broken = False
         self.in_use = False
+        self.stats = PoolStats()
+        self._ring: _Ring | None = None
         self._selector = selectors.DefaultSelector()
         self.workers = [self._start(n) for n in range(size)]
 
@@ -100,54 +152,79 @@ class DecodePool:
 
     # -- one encode -------------------------------------------------------------------------------------------------
     def batches(self, dataset: Any, payload: bytes, ranges: list[tuple[int, int]],
-                item: tuple[tuple[int, ...], np.dtype], *, pin_memory: bool = False) -> Iterator[ImageBatch]:
-        """Decoded batches of ``ranges`` in order. ``payload`` is ``pickle.dumps((dataset, transform))``; ``item``
-        the shape and dtype of one transformed image."""
+                item: tuple[tuple[int, ...], np.dtype], *, pin_memory: bool = False,
+                prefetch: int = PREFETCH) -> Iterator[ImageBatch]:
+        """Decoded batches of ``ranges`` in order, at most ``prefetch`` per worker in flight. ``payload`` is
+        ``pickle.dumps((dataset, transform))``; ``item`` the shape and dtype of one transformed image."""
         shape, dtype = item
+        prefetch = max(1, prefetch)
         rows = max(hi - lo for lo, hi in ranges)
         slot_bytes = rows * int(np.prod(shape)) * dtype.itemsize
-        # PREFETCH per worker + the batch being encoded + one the device may still be copying, within RING_BYTES
-        slots = max(self.size + 2, min(PREFETCH * self.size + 2, RING_BYTES // slot_bytes))
+        slots = ring_slots(self.size, prefetch, slot_bytes, ring_budget())
         job = next(_job_ids)
         try:
-            fd = os.memfd_create("clipcache-decode", os.MFD_CLOEXEC)
-            try:
-                os.ftruncate(fd, slots * slot_bytes)
-                memory = mmap.mmap(fd, slots * slot_bytes)
-                for worker in self.workers:
-                    # the parent's import path now (a plugin or reader imported since the pool started may have
-                    # added to it), so the worker can unpickle what the job names
-                    self._send(worker, ("job", job, payload, shape, dtype.str, slots, rows, list(sys.path)), (fd,),
-                               dataset, None)
-            finally:
-                os.close(fd)
-            ring = torch.from_numpy(np.ndarray((slots, rows, *shape), dtype=dtype, buffer=memory))
-            yield from self._run(job, dataset, ranges, ring, pin_memory)
+            ring = self._ring_for(slots * slot_bytes, dataset)
+            if pin_memory and not ring.pinned:
+                ring.pin()
+                self.stats.pins += ring.pinned
+            for worker in self.workers:
+                # the parent's import path now (a plugin or reader imported since the pool started may have added
+                # to it), so the worker can unpickle what the job names
+                self._send(worker, ("job", job, payload, shape, dtype.str, slots, rows, list(sys.path), ring.number),
+                           (), dataset, None)
+            yield from self._run(job, dataset, ranges, ring.view(slots, rows, shape, dtype), prefetch)
             for worker in self.workers:
                 self._send(worker, ("end", job), (), dataset, None)
         except BaseException:
             self.broken = True  # workers hold batches of this job (or died): never reuse them
             raise
 
+    def _ring_for(self, nbytes: int, dataset: Any) -> _Ring:
+        """The pool's ring, allocated (and mapped by every worker) only when there is none or it is too small."""
+        if self._ring is not None and self._ring.nbytes >= nbytes:
+            return self._ring
+        self._release_ring()  # no device copy reads it: each encode waits for its copies before it ends
+        fd = os.memfd_create("clipcache-decode", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, nbytes)
+            ring = _Ring(self.stats.rings + 1, mmap.mmap(fd, nbytes), nbytes)
+            for worker in self.workers:
+                self._send(worker, ("ring", ring.number, nbytes), (fd,), dataset, None)
+        finally:
+            os.close(fd)
+        self._ring = ring
+        self.stats.rings += 1
+        return ring
+
+    def _release_ring(self) -> None:
+        if self._ring is not None:
+            try:
+                self._ring.unpin()
+            except (RuntimeError, AttributeError) as e:  # CUDA already torn down (the process is ending)
+                log.debug("decode ring not unpinned: %s", e)
+            self._ring = None  # unmapped once no batch views it
+
     def _run(self, job: int, dataset: Any, ranges: list[tuple[int, int]], ring: torch.Tensor,
-             pin_memory: bool) -> Iterator[ImageBatch]:
-        pinned = pin_memory and _pin(ring)
+             prefetch: int) -> Iterator[ImageBatch]:
         free: deque[int] = deque(range(len(ring)))
         returning: deque[tuple[int, Any]] = deque()  # (slot, CUDA event or None) given back by the consumer
         answers: dict[int, tuple[int, list[int], list[tuple[int, str]]]] = {}
         sent = answered = 0
+        self.stats.max_in_flight = self.stats.max_per_worker = 0
         try:
             while answered < len(ranges):
                 _reclaim(returning, free, wait=False)
                 while sent < len(ranges) and free:
                     worker = min(self.workers, key=lambda w: len(w.held))
-                    if len(worker.held) >= PREFETCH:
+                    if len(worker.held) >= prefetch:
                         break
                     slot = free.popleft()
                     lo, hi = ranges[sent]
                     worker.held[sent] = (lo, hi)
                     self._send(worker, ("batch", job, sent, slot, lo, hi), (), dataset, (lo, hi))
                     sent += 1
+                    self.stats.max_per_worker = max(self.stats.max_per_worker, len(worker.held))
+                    self.stats.max_in_flight = max(self.stats.max_in_flight, sum(len(w.held) for w in self.workers))
                 if answered in answers:
                     slot, positions, errors = answers.pop(answered)
                     batch = ImageBatch(np.asarray(positions, dtype=np.int64),
@@ -160,10 +237,8 @@ class DecodePool:
                 else:
                     self._receive(job, answers, dataset)
         finally:
-            while returning:  # every device copy from the ring has finished before it is unpinned
+            while returning:  # every device copy from the ring has finished before the next encode reuses it
                 _reclaim(returning, free, wait=True)
-            if pinned:
-                _unpin(ring)
 
     def _send(self, worker: _Worker, message: tuple[Any, ...], fds: tuple[int, ...], dataset: Any,
               images: tuple[int, int] | None) -> None:
@@ -238,6 +313,7 @@ class DecodePool:
                 worker.proc.kill()
                 worker.proc.wait()
         self._selector.close()
+        self._release_ring()
 
 
 def _reclaim(returning: deque[tuple[int, Any]], free: deque[int], wait: bool) -> None:
@@ -256,7 +332,7 @@ def _pin(ring: torch.Tensor) -> bool:
     """Page-lock the ring for asynchronous host-to-device copies (CUDA only; best effort)."""
     try:
         status = torch.cuda.cudart().cudaHostRegister(ring.data_ptr(), ring.numel() * ring.element_size(), 0)
-    except (RuntimeError, AttributeError) as e:
+    except (RuntimeError, AttributeError, AssertionError) as e:
         log.debug("decode ring not pinned (%s): host-to-device copies will wait", e)
         return False
     return int(status) == 0

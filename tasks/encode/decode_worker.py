@@ -6,8 +6,9 @@ imports Prefect, torch or the flows. It decodes the batches it is sent into slot
 parent maps too, and answers with the positions decoded and the bad images' messages: no pixel is pickled.
 
 Messages are pickled tuples with a 4-byte length prefix on a Unix socket pair; the ring's memory file descriptor
-travels as SCM_RIGHTS ancillary data with the job message. Parent -> worker: ``("job", job, payload, shape, dtype,
-slots, rows)`` (+ the fd), ``("batch", job, seq, slot, lo, hi)``, ``("end", job)``, ``("ping",)``, ``("stop",)``.
+travels as SCM_RIGHTS ancillary data with the ring message, once per ring (the pool keeps one ring for every encode
+that fits in it). Parent -> worker: ``("ring", ring, nbytes)`` (+ the fd), ``("job", job, payload, shape, dtype,
+slots, rows, path, ring)``, ``("batch", job, seq, slot, lo, hi)``, ``("end", job)``, ``("ping",)``, ``("stop",)``.
 Worker -> parent: ``("ready", pid)``, ``("done", job, seq, slot, positions, errors)``, ``("failed", job, seq,
 traceback)``, ``("pong", modules)``. End of file on the socket means the other side is gone.
 """
@@ -62,22 +63,24 @@ def recv(sock: socket.socket) -> tuple[tuple[Any, ...], list[int]]:
     return pickle.loads(body), fds
 
 
+def _map(fd: int, nbytes: int) -> Any:
+    import mmap
+
+    try:
+        return mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
 class _Job:
-    """A dataset, a transform and the ring of one encode."""
+    """A dataset, a transform and the slots of one encode, laid over the pool's ring."""
 
-    def __init__(self, payload: bytes, shape: tuple[int, ...], dtype: str, slots: int, rows: int, fd: int):
-        import mmap
-
+    def __init__(self, payload: bytes, shape: tuple[int, ...], dtype: str, slots: int, rows: int, memory: Any):
         import numpy as np
 
         self.dataset, self.transform = pickle.loads(payload)
         self.shape = tuple(shape)
-        nbytes = slots * rows * int(np.prod(self.shape)) * np.dtype(dtype).itemsize
-        try:
-            self.memory = mmap.mmap(fd, nbytes)
-        finally:
-            os.close(fd)
-        self.ring = np.ndarray((slots, rows, *self.shape), dtype=dtype, buffer=self.memory)
+        self.ring = np.ndarray((slots, rows, *self.shape), dtype=dtype, buffer=memory)
 
     def decode(self, slot: int, lo: int, hi: int) -> tuple[list[int], list[tuple[int, str]]]:
         import numpy as np
@@ -102,8 +105,7 @@ class _Job:
         return done, errors
 
     def close(self) -> None:
-        del self.ring  # the mapping goes once nothing views it
-        self.memory.close()
+        del self.ring  # the ring stays mapped for the next encode
 
 
 def main(fd: int) -> None:
@@ -113,6 +115,7 @@ def main(fd: int) -> None:
     from PIL import Image  # noqa: F401
 
     jobs: dict[int, _Job] = {}
+    rings: dict[int, Any] = {}  # the pool's ring (the latest only: a larger one replaces it between encodes)
     try:
         send(sock, ("ready", os.getpid()))
         while True:
@@ -125,6 +128,9 @@ def main(fd: int) -> None:
                 return
             if kind == "ping":
                 send(sock, ("pong", sorted({name.partition(".")[0] for name in sys.modules})))
+            elif kind == "ring":
+                rings.clear()  # the previous mapping goes once no job views it
+                rings[message[1]] = _map(fds[0], message[2])
             elif kind == "end":
                 job = jobs.pop(message[1], None)
                 if job is not None:
@@ -133,9 +139,9 @@ def main(fd: int) -> None:
                 _, job_id, *rest = message
                 try:
                     if kind == "job":
-                        payload, shape, dtype, slots, rows, path = rest
+                        payload, shape, dtype, slots, rows, path, ring = rest
                         sys.path.extend(p for p in path if p not in sys.path)
-                        jobs[job_id] = _Job(payload, shape, dtype, slots, rows, fds[0])
+                        jobs[job_id] = _Job(payload, shape, dtype, slots, rows, rings[ring])
                         continue
                     seq, slot, lo, hi = rest
                     done, errors = jobs[job_id].decode(slot, lo, hi)
