@@ -17,13 +17,14 @@ give on this machine with no coordination at all (a VM's 2 vCPUs may share a phy
 read / decode / resize+crop / tensor conversion (single thread), each pipeline's 1 -> 2 worker scaling and the
 serialised fraction it implies (Amdahl: s = 2/S - 1 for a speed-up S on 2 workers; a pool cannot beat 1/s).
 
-Where CUDA is available it also measures (else says it skipped them), on ``--gpu_images`` images (the files repeated):
-what the CPUs decode with no model (clipcache's pool at each ``--gpu_workers`` count, clip_benchmark's DataLoader
-with one worker per core); then for each of ``--gpu_models`` (ViT-B-32 and ViT-L-14, random weights, fp16) the
-encode throughput of clipcache's encode stage (decode processes + overlap + Zarr writes, ``--decode cpu`` and
-``--decode gpu``) against clip_benchmark's loop (DataLoader, forward, vectors to the host) and against the forward
-pass alone; and ``--decode gpu``'s numeric difference from PIL decoding (pixels and vectors). ``--no_cpu`` /
-``--no_gpu`` skip a section. ``bash benchmarks/gpu_checks.sh`` runs it on a GPU machine with the CUDA tests.
+``--sweep 1 2 4 8 16`` measures instead how decoding scales with workers (clipcache's processes at each
+``--sweep_prefetch``, clip_benchmark's DataLoader), on ``--sweep_images_per_worker`` images per worker (the files
+repeated, whole copies): a Markdown table for docs/input_pipeline.md.
+
+Where CUDA is available it also runs the CUDA section (benchmarks/input_pipeline_gpu.py: encode throughput against
+the forward pass alone and the peer's loop, ``--decode cpu`` and ``--decode gpu``, and the issue's targets), else
+says it skipped it. ``--no_cpu`` / ``--no_gpu`` skip a section. ``bash benchmarks/gpu_checks.sh`` runs it on a GPU
+machine with the CUDA tests.
 """
 
 from __future__ import annotations
@@ -227,121 +228,45 @@ def cpu_section(args: argparse.Namespace, root: Path) -> None:
           + f"; total {total:.0f} us = {1e6 / total:.0f} images/s")
 
 
-def gpu_section(args: argparse.Namespace, root: Path) -> None:
-    if not torch.cuda.is_available() and args.gpu_device == "cuda":
-        print("CUDA: not available here; skipped the GPU encode throughput and the --decode gpu measurements")
-        return
+def sweep_section(args: argparse.Namespace, root: Path) -> None:
+    """Decoding alone at each worker count: clipcache's processes (per --sweep_prefetch) and the DataLoader."""
     from dataclasses import replace
 
-    import torch.nn.functional as F
     from open_clip.transform import image_transform
-
-    from clipcache.storage.embedding_store import EmbeddingStore
-    from clipcache.storage.hashing import FileHashMemo
-    from clipcache.tasks.contract import EncodeSettings
-    from clipcache.tasks.encode.gpu_decode import gpu_batches
-    from clipcache.tasks.encode.stage import ModelSession, encode_images, image_key_fields
-    from clipcache.tasks.models.resolve import resolve_model
-    from clipcache.tasks.models.spec import ModelSpec
-    from clipcache.tasks.progress import StageProgress
-
-    device = torch.device(args.gpu_device)
-    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
-    base = load_imagefolder("bench", root, "test", None)
-    k = max(1, args.gpu_images // len(base))  # the same files k times: GPU rates need more than 1,200 images
-    dataset = replace(base, image_paths=base.image_paths * k, origins=base.origins * k,
-                      labels=np.tile(base.labels, k))
-    n, bs = len(dataset), args.gpu_batch_size
-    cores = len(os.sched_getaffinity(0))
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "a dry run on the CPU"
-    print(f"CUDA: {name}, torch {torch.__version__}, {cores} cores; random weights, "
-          f"fp16 autocast, batch {bs}, {n} images ({len(base)} files x {k}); images/s, best of {args.gpu_repeats}")
 
     from clipcache.tasks.encode.decode_pool import DecodePool
 
-    portable = lower(image_transform(224, is_train=False))
-    ranges = [(lo, min(lo + bs, n)) for lo in range(0, n, bs)]
-    decoding: dict[str, float] = {}
-    for w in args.gpu_workers or [cores]:  # what the CPUs decode with no model at all: the ceiling of --decode cpu
-        pool = DecodePool(w)
-        drain(process_batches(pool, dataset, portable, ranges[:w]))  # started and warm, as in a flow run
-        decoding[f"clipcache decoding processes x{w}, no model"] = n / min(
-            timed(lambda pool=pool: drain(process_batches(pool, dataset, portable, ranges)))
-            for _ in range(args.gpu_repeats))
-        pool.close()
-    peer_decoding = peer_loader(root, image_transform(224, is_train=False), bs, cores, repeat=k)
-    decoding[f"clip_benchmark DataLoader x{cores}, no model"] = n / min(
-        timed(lambda: drain(iter(peer_decoding))) for _ in range(args.gpu_repeats))
-    for name, rate in decoding.items():
-        print(f"  {name:48s} {rate:8.0f}")
-    sys.stdout.flush()
+    transform = image_transform(224, is_train=False)
+    portable = lower(transform)
+    base = load_imagefolder("bench", root, "test", None)
+    bs = args.batch_size
+    print(f"decoding alone (model = no-op), JPEGs 500x375, batch {bs}, {len(os.sched_getaffinity(0))} cores, "
+          f"best of {args.repeats}; load average before {args.load_before}")
+    columns = [f"clipcache processes, prefetch {p}" for p in args.sweep_prefetch] + ["clip_benchmark DataLoader"]
+    print("| workers | images | " + " | ".join(f"{c} (images/s, per worker)" for c in columns)
+          + " | clipcache / DataLoader |")
+    print("|---:|---:|" + "---:|" * len(columns) + "---:|")
+    for w in args.sweep:
+        k = max(1, -(-w * args.sweep_images_per_worker // len(base)))  # whole copies: the DataLoader reads the same
+        dataset = replace(base, image_paths=base.image_paths * k, origins=base.origins * k,
+                          labels=np.tile(base.labels, k))
+        n = len(dataset)
+        ranges = [(lo, min(lo + bs, n)) for lo in range(0, n, bs)]
+        rates = []
+        for prefetch in args.sweep_prefetch:
+            pool = DecodePool(w)
+            drain(process_batches(pool, dataset, portable, ranges[:w]))  # started and warm, as in a flow run
 
-    def measure(arch: str) -> ModelSession:
-        session = ModelSession(resolve_model(ModelSpec(model_name=arch), FileHashMemo(None)), device, True,
-                               "amp_fp16")
-        model = session.model
-        rates: dict[str, float] = {}
+            def decode(pool=pool, dataset=dataset, ranges=ranges, prefetch=prefetch) -> int:
+                return drain(process_batches(pool, dataset, portable, ranges, prefetch=prefetch))
 
-        def best(name: str, run: Callable[[], int]) -> None:
-            for _ in range(args.gpu_repeats):
-                synchronize()
-                t = time.perf_counter()
-                count = run()
-                synchronize()
-                rates[name] = max(rates.get(name, 0.0), count / (time.perf_counter() - t))
-
-        pixels = torch.randn(bs, 3, 224, 224, device=device)
-        for _ in range(3):
-            model.image_features(pixels)
-
-        def forward_alone() -> int:
-            for _ in range(n // bs):
-                model.image_features(pixels)
-            return n // bs * bs
-
-        best("forward pass alone (the ceiling)", forward_alone)
-        loader = peer_loader(root, image_transform(224, is_train=False), bs, cores, repeat=k)
-
-        def plain_loop() -> int:
-            count = 0
-            with torch.inference_mode(), torch.autocast(device.type, dtype=torch.float16):
-                for images, _ in loader:  # clip_benchmark's loop: DataLoader, forward, vectors to the host
-                    F.normalize(model.module.encode_image(images.to(device)), dim=-1).float().cpu()
-                    count += len(images)
-            return count
-
-        best(f"plain DataLoader loop, {cores} workers (the peer)", plain_loop)
-        variants = [("cpu", w) for w in args.gpu_workers or [cores]] + [("gpu", cores)] * (device.type == "cuda")
-        for decode, w in variants:
-            s = replace(session, decode=decode)
-            fields = image_key_fields(s, {"bench": n}, "test", None)
-
-            def ours(s=s, fields=fields, w=w) -> int:
-                with tempfile.TemporaryDirectory() as cache:
-                    encode_images(s, dataset, EmbeddingStore(cache), fields,
-                                  EncodeSettings(bs, num_workers=w, decode_pool="processes"),
-                                  StageProgress(enabled=False))
-                return n
-
-            best(f"clipcache encode --decode {decode}" + (f", {w} workers" if decode == "cpu" else ""), ours)
-        ceiling = rates["forward pass alone (the ceiling)"]
-        peer = rates[f"plain DataLoader loop, {cores} workers (the peer)"]
-        print(f"  {arch}:")
-        for name, rate in rates.items():
-            print(f"    {name:48s} {rate:8.0f}   {rate / ceiling:5.2f}x ceiling   {rate / peer:5.2f}x peer")
+            rates.append(n / min(timed(decode) for _ in range(args.repeats)))
+            pool.close()
+        loader = peer_loader(root, transform, bs, w, repeat=k)
+        rates.append(n / min(timed(lambda loader=loader: drain(iter(loader))) for _ in range(args.repeats)))
+        cells = " | ".join(f"{r:.0f} ({r / w:.0f})" for r in rates)
+        print(f"| {w} | {n} | {cells} | {max(rates[:-1]) / rates[-1]:.2f}x |")
         sys.stdout.flush()
-        return session
-
-    sessions = [measure(arch) for arch in args.gpu_models]
-    model = sessions[0].model
-    sample = load_imagefolder("bench", root, "test", 512)
-    pil = torch.stack([model.image_transform(sample.load_image(i)) for i in range(len(sample))]).to(device)
-    gpu = torch.cat([b.pixels for b in gpu_batches(sample, model, 0, bs, None, device=device)])
-    diff = (gpu - pil).abs()
-    with torch.inference_mode():
-        cos = (model.image_features(gpu) * model.image_features(pil)).sum(-1)
-    print(f"  --decode gpu vs PIL on {len(sample)} images: pixels (normalised units) mean |diff| "
-          f"{diff.mean():.4f}, max {diff.max():.3f}; vector cosine mean {cos.mean():.6f}, min {cos.min():.6f}")
 
 
 def main() -> None:
@@ -351,12 +276,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--only", nargs="+", help="time only the pipelines whose name holds one of these words")
+    parser.add_argument("--sweep", type=int, nargs="+", help="decoding alone at these worker counts (a table), "
+                        "instead of the CPU section")
+    parser.add_argument("--sweep_images_per_worker", type=int, default=600)
+    parser.add_argument("--sweep_prefetch", type=int, nargs="+", default=[2])
     parser.add_argument("--gpu_images", type=int, default=12_000)
     parser.add_argument("--gpu_batch_size", type=int, default=256)
     parser.add_argument("--gpu_models", nargs="+", default=["ViT-B-32", "ViT-L-14"])
     parser.add_argument("--gpu_repeats", type=int, default=2)
     parser.add_argument("--gpu_workers", type=int, nargs="+", help="decoding processes for --decode cpu "
                         "(default: one per core)")
+    parser.add_argument("--gpu_prefetch", type=int, nargs="+", default=[2], help="batches per worker in flight")
     parser.add_argument("--gpu_device", default="cuda", help=argparse.SUPPRESS)  # "cpu": a dry run of the section
     parser.add_argument("--no_gpu", action="store_true", help="skip the CUDA section")
     parser.add_argument("--no_cpu", action="store_true", help="skip the CPU section (GPU runs that time only it)")
@@ -365,11 +295,15 @@ def main() -> None:
     torch.set_num_threads(1)  # the no-op model needs none; the floor and the DataLoader's main process get one
     with tempfile.TemporaryDirectory() as tmp:
         root = write_jpegs(Path(tmp) / "jpegs", args.images)
-        if not args.no_cpu:
+        if args.sweep:
+            sweep_section(args, root)
+        elif not args.no_cpu:
             cpu_section(args, root)
         sys.stdout.flush()
         if not args.no_gpu:
-            gpu_section(args, root)
+            from input_pipeline_gpu import gpu_section
+
+            gpu_section(args, root, peer_loader)
 
 
 if __name__ == "__main__":
