@@ -1,0 +1,160 @@
+"""Download, as cp312 manylinux wheels into ``.whl/``, what benchmarks/gpu_checks.sh needs on a lent GPU machine
+beyond that machine's own image (which has torch, torchvision, transformers, timm, numpy 2.5, pandas, pyarrow,
+scikit-learn, pytest, ... but not Prefect, dbt, DuckDB, Zarr, open_clip or clip_benchmark).
+
+    .venv/bin/python benchmarks/gpu_wheels.py [--dest .whl] [--dry_run]   # then: --pack
+
+The set is the dependency closure, read from this virtual environment's installed metadata, of what the checks
+import: clipcache's CLI path (Prefect and its server, dbt-core + dbt-duckdb, DuckDB, Zarr, open_clip), the CUDA tests
+(webdataset, LAION clip_benchmark), at the versions installed here, minus what the image holds (the list in
+``IMAGE``, read off such a machine on 2026-11-17), minus torch's own CUDA packages. numpy travels anyway (the image's
+2.5 breaks clip_benchmark's accuracy code; this venv has < 2.4). A package with no wheel on the index for that
+platform is built here (pure Python only). Prints the total size: a device call carries at most 64 MiB with the
+working tree, and the wheels are about 200 MiB, so
+
+``--pack`` unpacks them into one folder, leaves out what the checks never read (pycocoevalcap's Java jars and data:
+clip_benchmark imports its Python modules for captioning only; babel's locale data but English; packages' ``tests``
+folders; wheels' scripts) and writes ``.whl/site.tar.xz`` (LZMA, Python's own ``tarfile``: the GPU machine may have
+no ``xz``), which benchmarks/gpu_checks.sh unpacks into /tmp/site. Then delete the ``.whl/*.whl`` files (the call
+carries the whole folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parent.parent
+ROOTS = ["prefect", "dbt-core", "dbt-duckdb", "duckdb", "zarr", "numcodecs", "google-crc32c", "open_clip_torch",
+         "pydantic", "pyyaml", "rich", "filelock", "fsspec", "webdataset", "clip-benchmark", "fastapi", "sqlalchemy",
+         "numpy"]
+CARRY_ANYWAY = {"numpy"}
+IMAGE = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
+certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
+cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock flatbuffers
+flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx huggingface-hub humanize
+hypothesis idna imageio iniconfig interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib
+kiwisolver lazy-loader lightning lightning-utilities linear-operator lineax llvmlite lxml markdown markdown-it-py
+markupsafe matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind
+narwhals networkx ninja numba numba-cuda numpy numpyro nvidia-ml-py onnx onnx-ir onnxruntime onnxscript
+opencv-python-headless optax opt-einsum opt-einsum-fx optimistix orbax-checkpoint packaging pandas pathspec patsy peft
+pillow pip pluggy portalocker prometheus-client propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments
+pyparsing pyproject-hooks pyre-extensions pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist
+python-dateutil pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core scikit-image
+scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six sortedcontainers
+statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm
+tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope
+triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl
+zipp""".split())
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux1_x86_64", "manylinux_2_24_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64"]
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def closure() -> dict[str, str]:
+    """name -> installed version, for ROOTS and everything they require (markers as on Linux, Python 3.12)."""
+    env = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3",
+           "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64"}
+    seen: dict[str, str] = {}
+    todo = list(ROOTS)
+    while todo:
+        name = norm(todo.pop())
+        if name in seen:
+            continue
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            print(f"  (not installed here, skipped: {name})")
+            continue
+        seen[name] = dist.version
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({**env, "extra": ""}):
+                todo.append(req.name)
+    return {n: v for n, v in seen.items()
+            if (n not in IMAGE or n in CARRY_ANYWAY) and not n.startswith(("nvidia-", "cuda-", "torch", "triton"))}
+
+
+def keep(path: str) -> bool:
+    """Whether a file of the unpacked wheels goes into the pack (see --pack)."""
+    parts = path.split("/")
+    if parts[0] == "pycocoevalcap":
+        return path.endswith(".py")
+    if parts[0] == "babel" and len(parts) > 2 and parts[1] == "locale-data":
+        return parts[2].split(".")[0].split("_")[0] in ("root", "en")
+    if "tests" in parts[1:-1] or (parts[0].endswith(".data") and len(parts) > 1 and parts[1] == "scripts"):
+        return False
+    return True
+
+
+def pack(dest: Path) -> None:
+    import tarfile
+    import zipfile
+
+    target = dest / "site.tar.xz"
+    kept = total = 0
+    with tarfile.open(target, "w:xz", preset=9) as tar:
+        for wheel in sorted(dest.glob("*.whl")):
+            with zipfile.ZipFile(wheel) as archive:
+                for info in archive.infolist():
+                    total += info.file_size
+                    name = info.filename
+                    if info.is_dir() or not keep(name):
+                        continue
+                    if ".data/" in name.split("/", 1)[0] + "/":  # <dist>.data/{purelib,platlib}/x -> x
+                        _, kind, *rest = name.split("/")
+                        if kind not in ("purelib", "platlib") or not rest:
+                            continue
+                        name = "/".join(rest)
+                    member = tarfile.TarInfo(name)
+                    member.size, member.mode = info.file_size, 0o755 if (info.external_attr >> 16) & 0o111 else 0o644
+                    with archive.open(info) as data:
+                        tar.addfile(member, data)
+                    kept += info.file_size
+    print(f"{target}: {target.stat().st_size / 2**20:.1f} MiB ({kept / 2**20:.0f} of {total / 2**20:.0f} MiB "
+          f"unpacked kept)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dest", default=str(REPO / ".whl"))
+    parser.add_argument("--dry_run", action="store_true", help="list what would be downloaded")
+    parser.add_argument("--pack", action="store_true", help="pack the downloaded wheels into site.tar.xz")
+    args = parser.parse_args()
+    if args.pack:
+        pack(Path(args.dest))
+        return
+    wanted = closure()
+    print(f"{len(wanted)} packages: " + " ".join(f"{n}=={v}" for n, v in sorted(wanted.items())))
+    if args.dry_run:
+        return
+    dest = Path(args.dest)
+    dest.mkdir(exist_ok=True)
+    for name, version in sorted(wanted.items()):
+        platform = [a for p in PLATFORMS for a in ("--platform", p)]
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                              "--python-version", "3.12", "--implementation", "cp", *platform, "-d", str(dest),
+                              f"{name}=={version}"], capture_output=True, text=True)
+        if got.returncode:  # no wheel on the index: build one here (pure Python packages only)
+            built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest),
+                                    f"{name}=={version}"], capture_output=True, text=True)
+            if built.returncode:
+                raise SystemExit(f"no wheel for {name}=={version}:\n{got.stderr[-800:]}\n{built.stderr[-800:]}")
+            print(f"  built {name}=={version} here (no wheel on the index)")
+    size = sum(p.stat().st_size for p in dest.glob("*.whl"))
+    print(f"{len(list(dest.glob('*.whl')))} wheels in {dest}: {size / 2**20:.1f} MiB (a device call carries 64 MiB "
+          f"with the working tree)")
+
+
+if __name__ == "__main__":
+    main()
