@@ -137,6 +137,8 @@ def test_grouped_device_preprocessing_equals_one_image_at_a_time_to_the_bit(mode
     together = transform.batch(images)
     assert together.shape == alone.shape
     assert torch.equal(together.view(torch.int32), alone.view(torch.int32))
+    same_size = [images[0], images[2], images[4]]  # one group: resized in place, in one call
+    assert torch.equal(transform.batch(same_size).view(torch.int32), alone[[0, 2, 4]].view(torch.int32))
 
 
 def reference_pixels(dataset, transform: DeviceTransform, indices: list[int]) -> torch.Tensor:

@@ -112,6 +112,8 @@ class DeviceTransform:
             for lo in range(0, len(members), step):
                 chunk = members[lo:lo + step]
                 done = self._resize_crop(torch.stack([images[k] for k in chunk]).float())
+                if len(chunk) == len(images):  # one size, one call (a folder of same-size photos): in place
+                    return self._normalise(done)
                 if out is None:
                     out = done.new_empty((len(images), *done.shape[1:]))
                 out[torch.tensor(chunk, device=done.device)] = done
