@@ -101,6 +101,27 @@ def test_the_ring_is_allocated_and_pinned_once_across_encodes(model, monkeypatch
         pool.close()
 
 
+def test_two_encodes_through_the_encode_stage_share_the_process_pool_and_its_ring(tmp_path):
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.tasks.contract import EncodeSettings
+    from clipcache.tasks.encode.decode_pool import acquire_pool, release_pool
+    from clipcache.tasks.encode.stage import encode_images, image_key_fields
+    from clipcache.tasks.progress import StageProgress
+
+    session = ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), FileHashMemo(None)), CPU, False,
+                           "fp32")
+    dataset = load_shapes("shapes", "zeroshot_classification", "test", 48)
+    fields = image_key_fields(session, dataset.identity(FileHashMemo(None)), "test", None)
+    seen = []
+    for n in range(2):
+        encode_images(session, dataset, EmbeddingStore(tmp_path / f"c{n}"), fields,
+                      EncodeSettings(16, num_workers=2, decode_pool="processes"), StageProgress(enabled=False))
+        pool = acquire_pool(2)
+        seen.append((pool, pool.stats.rings))
+        release_pool(pool)
+    assert seen[0] == seen[1]  # the same pool, and no ring allocated by the second encode
+
+
 @pytest.mark.parametrize("prefetch", [1, 3])
 def test_batches_in_flight_per_worker_honour_prefetch(model, prefetch):
     shapes = load_shapes("shapes", "zeroshot_classification", "test", 60)
