@@ -7,7 +7,8 @@ Writes JPEG webdataset shards (the bundled tiny model's shapes: retrieval with 1
 30-class classification; ``--samples`` each, 4 shards) as clip_benchmark's hosted datasets lay them out, then runs,
 each as its own ``clipcache`` process in a fresh folder, failing at the first command that fails:
 
-1. ``clipcache eval --device DEVICE`` on both datasets (``--dataset_root DIR/{dataset_cleaned}``);
+1. ``clipcache eval --device DEVICE --orchestrator prefect`` on both datasets (a Prefect flow run on a private
+   server; ``--dataset_root DIR/{dataset_cleaned}``);
 2. the same with ``--decode gpu`` on the retrieval set (CUDA only): nvJPEG decoding through the CLI, its own entries;
 3. ``clipcache query`` over the results (the leaderboard and the runs);
 4. ``clipcache report`` (dbt build, then the static HTML report), checked to exist;
@@ -66,7 +67,7 @@ def main() -> None:
         data = ["--dataset_root", str(work / "data" / "{dataset_cleaned}"), "--batch_size", str(args.batch_size),
                 "--device", args.device, "--output_dir", "outputs", "--cache_dir", "cache"]
         clipcache(["eval", "--model", "tiny-shapes-clip", "--dataset", "wds/shapes_retrieval", "wds/shapes_cls",
-                   *data], work, env)
+                   "--orchestrator", "prefect", *data], work, env)
         if args.device.startswith("cuda"):
             clipcache(["eval", "--model", "tiny-shapes-clip", "--dataset", "wds/shapes_retrieval", "--decode", "gpu",
                        *data], work, env)

@@ -13,8 +13,9 @@ platform is built here (pure Python only). Prints the total size: a device call 
 working tree, and the wheels are about 200 MiB, so
 
 ``--pack`` unpacks them into one folder, leaves out what the checks never read (pycocoevalcap's Java jars and data:
-clip_benchmark imports its Python modules for captioning only; babel's locale data but English; packages' ``tests``
-folders; wheels' scripts) and writes ``.whl/site.tar.xz`` (LZMA, Python's own ``tarfile``: the GPU machine may have
+clip_benchmark imports its Python modules for captioning only; babel's locale data but English; clip_benchmark's CuPL
+and Babel-ImageNet prompt files; Prefect's UI (the checks run its server without it); packages' ``tests`` folders,
+type stubs and scripts) and writes ``.whl/site.tar.xz`` (LZMA, Python's own ``tarfile``: the GPU machine may have
 no ``xz``), which benchmarks/gpu_checks.sh unpacks into /tmp/site. Then delete the ``.whl/*.whl`` files (the call
 carries the whole folder).
 """
@@ -92,9 +93,13 @@ def keep(path: str) -> bool:
         return path.endswith(".py")
     if parts[0] == "babel" and len(parts) > 2 and parts[1] == "locale-data":
         return parts[2].split(".")[0].split("_")[0] in ("root", "en")
+    if parts[0] == "clip_benchmark" and parts[-1] in ("cupl_prompts.json", "babel_imagenet.json"):
+        return False  # read only for --custom_template_file cupl_prompts.json and the babel_imagenet dataset
+    if parts[0] == "prefect" and len(parts) > 2 and parts[1] == "server" and parts[2].startswith("ui"):
+        return False  # the UI's static files: gpu_checks.sh runs Prefect's server with PREFECT_UI_ENABLED=false
     if "tests" in parts[1:-1] or (parts[0].endswith(".data") and len(parts) > 1 and parts[1] == "scripts"):
         return False
-    return True
+    return not path.endswith(".pyi")
 
 
 def pack(dest: Path) -> None:

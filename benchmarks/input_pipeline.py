@@ -19,7 +19,7 @@ serialised fraction it implies (Amdahl: s = 2/S - 1 for a speed-up S on 2 worker
 
 ``--sweep 1 2 4 8 16`` measures instead how decoding scales with workers (clipcache's processes at each
 ``--sweep_prefetch``, clip_benchmark's DataLoader), on ``--sweep_images_per_worker`` images per worker (the files
-repeated, whole copies): a Markdown table for docs/input_pipeline.md.
+repeated as needed): a Markdown table for docs/input_pipeline.md.
 
 Where CUDA is available it also runs the CUDA section (benchmarks/input_pipeline_gpu.py: encode throughput against
 the forward pass alone and the peer's loop, ``--decode cpu`` and ``--decode gpu``, and the issue's targets), else
@@ -116,15 +116,18 @@ def independent_processes(dataset, transform, bs: int):
     return pool, (lambda: pool.submit(_floor_part, (0, n)).result()), (lambda: sum(pool.map(_floor_part, halves)))
 
 
-def peer_loader(root: Path, transform, batch_size: int, workers: int, repeat: int = 1):
+def peer_loader(root: Path, transform, batch_size: int, workers: int, repeat: int = 1, limit: int | None = None):
     """clip_benchmark's loader for a folder of images (its cli.py: ImageFolder, DataLoader, its collate_fn);
-    ``repeat`` > 1 chains the folder that many times into one dataset (one epoch: workers start once)."""
+    ``repeat`` > 1 chains the folder that many times into one dataset (one epoch: workers start once), ``limit`` keeps
+    its first images."""
     from clip_benchmark.datasets.builder import get_dataset_collate_fn
     from torchvision.datasets import ImageFolder
 
     dataset = ImageFolder(root=str(root), transform=transform)
     if repeat > 1:
         dataset = torch.utils.data.ConcatDataset([dataset] * repeat)
+    if limit is not None:
+        dataset = torch.utils.data.Subset(dataset, range(limit))
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
                                        collate_fn=get_dataset_collate_fn("imagefolder"))
 
@@ -247,10 +250,10 @@ def sweep_section(args: argparse.Namespace, root: Path) -> None:
           + " | clipcache / DataLoader |")
     print("|---:|---:|" + "---:|" * len(columns) + "---:|")
     for w in args.sweep:
-        k = max(1, -(-w * args.sweep_images_per_worker // len(base)))  # whole copies: the DataLoader reads the same
-        dataset = replace(base, image_paths=base.image_paths * k, origins=base.origins * k,
-                          labels=np.tile(base.labels, k))
-        n = len(dataset)
+        n = w * args.sweep_images_per_worker  # the files repeated as needed; the DataLoader reads the same ones
+        k = -(-n // len(base))
+        dataset = replace(base, image_paths=(base.image_paths * k)[:n], origins=(base.origins * k)[:n],
+                          labels=np.tile(base.labels, k)[:n])
         ranges = [(lo, min(lo + bs, n)) for lo in range(0, n, bs)]
         rates = []
         for prefetch in args.sweep_prefetch:
@@ -262,7 +265,7 @@ def sweep_section(args: argparse.Namespace, root: Path) -> None:
 
             rates.append(n / min(timed(decode) for _ in range(args.repeats)))
             pool.close()
-        loader = peer_loader(root, transform, bs, w, repeat=k)
+        loader = peer_loader(root, transform, bs, w, repeat=k, limit=n)
         rates.append(n / min(timed(lambda loader=loader: drain(iter(loader))) for _ in range(args.repeats)))
         cells = " | ".join(f"{r:.0f} ({r / w:.0f})" for r in rates)
         print(f"| {w} | {n} | {cells} | {max(rates[:-1]) / rates[-1]:.2f}x |")
