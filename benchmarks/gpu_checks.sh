@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Issue #44's GPU checks in one call on a lent GPU machine (16 cores; its image has torch, torchvision, transformers
-# and timm; what clipcache needs beside them travels in .whl/, made here by `.venv/bin/python benchmarks/gpu_wheels.py`
-# and unpacked under /tmp/site). Each step is time-limited and logs to $OUT/<step>.txt as it goes; the limits add up
-# to 9 minutes (the steps take about 7 on an H100):
+# Issue #44's GPU checks on a lent GPU machine (16 cores; its image has torch, torchvision, transformers and timm).
+# What clipcache needs beside them travels as .whl-bench/site.tar.xz or .whl-cli/site.tar.xz, made here by
+# benchmarks/gpu_wheels.py and unpacked under /tmp/site: the two together are more than one call carries, so the
+# checks take two calls, one per set:
+#   call 1, carry .whl-bench:  STEPS="tests decode amp amp_parity sweep" bash benchmarks/gpu_checks.sh
+#   call 2, carry .whl-cli:    STEPS=cli bash benchmarks/gpu_checks.sh
+# Each step is time-limited and logs to $OUT/<step>.txt as it goes; the limits add up to 9 minutes (the steps take
+# about 7 on an H100):
 #   tests       the CUDA tests (-k cuda): batched nvJPEG + grouped resizes == one image at a time, --decode gpu's
 #               streams == a synchronous loop, the overlapped encode == a plain loop, clip_benchmark parity on CUDA;
 #   decode      benchmarks/input_pipeline.py's CUDA section: ViT-B-32 and ViT-L-14 against the forward pass alone and
 #               clip_benchmark's DataLoader loop, --decode cpu (16 workers) and --decode gpu, with the targets;
 #   amp         benchmarks/amp.py: fp32 vs --amp (fp16) vs bf16 autocast, both towers, ViT-B-32 and ViT-L-14;
-#   cli         benchmarks/cli_on_device.py: clipcache eval --device cuda (Prefect) on webdataset shards, --decode gpu,
-#               SQL, clipcache report (dbt), a cached rescore;
 #   amp_parity  benchmarks/amp.py --parity: clip_benchmark's own --amp run vs clipcache eval --amp, every metric;
 #   sweep       benchmarks/input_pipeline.py --sweep: decoding alone at 1..16 workers (prefetch 2 and 4) against the
-#               DataLoader: the table for docs/input_pipeline.md.
-# STEPS="tests decode" runs some. DRY=1 runs every step on the CPU at tiny sizes (a check of the script itself).
+#               DataLoader: the table for docs/input_pipeline.md;
+#   cli         benchmarks/cli_on_device.py: clipcache eval --device cuda (Prefect) on webdataset shards, --decode gpu,
+#               SQL, clipcache report (dbt), a cached rescore.
+# DRY=1 runs the steps on the CPU at tiny sizes with this machine's environment (a check of the script itself).
 set -u
 OUT=${OUT:-/tmp/gpu-checks}
 mkdir -p "$OUT"
@@ -23,18 +27,20 @@ PY=${PY:-python3}
 started_all=$SECONDS
 if [ -n "${DRY:-}" ]; then  # this machine's environment as it is
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-elif [ -f .whl/site.tar.xz ]; then  # benchmarks/gpu_wheels.py --pack: the wheels unpacked, LZMA (fits in 64 MiB)
-    $PY -c "import tarfile; tarfile.open('.whl/site.tar.xz').extractall('/tmp/site', filter='data')" || exit 1
+elif compgen -G ".whl*/site.tar.xz" > /dev/null; then  # benchmarks/gpu_wheels.py --pack (LZMA; python, not xz)
+    for pack in .whl*/site.tar.xz; do
+        $PY -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall('/tmp/site', filter='data')" "$pack" || exit 1
+    done
     export PYTHONPATH=/tmp/site:$PWD
-elif compgen -G ".whl/*.whl" > /dev/null; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+elif compgen -G ".whl*/*.whl" > /dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl*/*.whl \
         || exit 1
     export PYTHONPATH=/tmp/site:$PWD
 else
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PATH=/tmp/site/bin:$PATH
-STEPS=${STEPS:-tests decode amp cli amp_parity sweep}
+STEPS=${STEPS:-tests decode amp amp_parity sweep cli}
 if [ -n "${DRY:-}" ]; then  # every step on the CPU, tiny: flags and plumbing only, no figure means anything
     DEV=cpu LIMIT_SCALE=${LIMIT_SCALE:-4}
     DECODE=(--gpu_device cpu --gpu_models tiny-shapes-clip --images 64 --gpu_images 64 --gpu_batch_size 16
@@ -70,9 +76,9 @@ step tests 50 $PY -m pytest -q -p no:cacheprovider -o addopts="" -k cuda tests/t
     tests/test_input_pipeline.py tests/test_retrieval_pass.py tests/test_parity_clip_benchmark.py
 step decode 220 $PY benchmarks/input_pipeline.py --no_cpu "${DECODE[@]}"
 step amp 55 $PY benchmarks/amp.py --device $DEV "${AMP[@]}"
-step cli 85 $PY benchmarks/cli_on_device.py --device $DEV "${CLI[@]}"
 step amp_parity 65 $PY benchmarks/amp.py --parity --device $DEV "${PARITY[@]}"
 step sweep 65 $PY benchmarks/input_pipeline.py --no_gpu --sweep_prefetch 2 4 --repeats 1 "${SWEEP[@]}"
+step cli 85 $PY benchmarks/cli_on_device.py --device $DEV "${CLI[@]}"
 echo "=== targets (ratios measured in this run; $((SECONDS - started_all)) s in all)"
 grep -h -E "target|parity with clip_benchmark|every step passed|passed|failed" "$OUT"/*.txt 2>/dev/null \
     | grep -v "^  *$" | sed 's/^ */  /'

@@ -1,23 +1,30 @@
-"""Download, as cp312 manylinux wheels into ``.whl/``, what benchmarks/gpu_checks.sh needs on a lent GPU machine
-beyond that machine's own image (which has torch, torchvision, transformers, timm, numpy 2.5, pandas, pyarrow,
-scikit-learn, pytest, ... but not Prefect, dbt, DuckDB, Zarr, open_clip or clip_benchmark).
+"""What benchmarks/gpu_checks.sh needs on a lent GPU machine beyond that machine's own image (which has torch,
+torchvision, transformers, timm, numpy 2.5, pandas, pyarrow, scikit-learn, pytest, ... but not Prefect, dbt, DuckDB,
+Zarr, open_clip or clip_benchmark), as cp312 manylinux wheels, packed to fit a device call (64 MiB with the working
+tree, about 11 MiB of it).
 
-    .venv/bin/python benchmarks/gpu_wheels.py [--dest .whl] [--dry_run]   # then: --pack
+    .venv/bin/python benchmarks/gpu_wheels.py --set bench            # downloads into .whl-bench/
+    .venv/bin/python benchmarks/gpu_wheels.py --set bench --pack     # .whl-bench/site.tar.xz; then rm .whl-bench/*.whl
+    (the same with --set cli: .whl-cli/)
 
-The set is the dependency closure, read from this virtual environment's installed metadata, of what the checks
-import: clipcache's CLI path (Prefect and its server, dbt-core + dbt-duckdb, DuckDB, Zarr, open_clip), the CUDA tests
-(webdataset, LAION clip_benchmark), at the versions installed here, minus what the image holds (the list in
-``IMAGE``, read off such a machine on 2026-11-17), minus torch's own CUDA packages. numpy travels anyway (the image's
-2.5 breaks clip_benchmark's accuracy code; this venv has < 2.4). A package with no wheel on the index for that
-platform is built here (pure Python only). Prints the total size: a device call carries at most 64 MiB with the
-working tree, and the wheels are about 200 MiB, so
+Everything the checks import is about 200 MiB of wheels, more than one call carries, so there are two sets, one per
+device call:
 
-``--pack`` unpacks them into one folder, leaves out what the checks never read (pycocoevalcap's Java jars and data:
-clip_benchmark imports its Python modules for captioning only; babel's locale data but English; clip_benchmark's CuPL
-and Babel-ImageNet prompt files; Prefect's UI (the checks run its server without it); packages' ``tests`` folders,
-type stubs and scripts) and writes ``.whl/site.tar.xz`` (LZMA, Python's own ``tarfile``: the GPU machine may have
-no ``xz``), which benchmarks/gpu_checks.sh unpacks into /tmp/site. Then delete the ``.whl/*.whl`` files (the call
-carries the whole folder).
+- ``bench`` (the steps tests, decode, amp, amp_parity, sweep): Zarr, open_clip, pydantic, webdataset, LAION
+  clip_benchmark, and numpy < 2.4 (the image's 2.5 breaks clip_benchmark's accuracy code);
+- ``cli`` (the step cli): the same minus numpy and clip_benchmark, plus Prefect (with its server), dbt-core, dbt-duckdb
+  and DuckDB.
+
+A set is the dependency closure, read from this virtual environment's installed metadata, of its roots, at the
+versions installed here, minus what the image holds (``IMAGE``, read off such a machine on 2026-11-17) and torch's
+own CUDA packages. A package with no wheel on the index for that platform is built here (pure Python only).
+
+``--pack`` unpacks a set's wheels into one archive, leaving out what the checks never read (pycocoevalcap's Java jars
+and data: clip_benchmark imports its Python modules for captioning only; babel's locale data but English;
+clip_benchmark's CuPL and Babel-ImageNet prompt files; Prefect's UI (the checks run its server without it); packages'
+``tests`` folders, type stubs and scripts), and writes ``site.tar.xz`` (LZMA through Python's own ``tarfile``: the GPU
+machine may have no ``xz``), which benchmarks/gpu_checks.sh unpacks into /tmp/site. Then delete the ``*.whl`` files:
+the call carries the whole folder.
 """
 
 from __future__ import annotations
@@ -33,10 +40,12 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent
-ROOTS = ["prefect", "dbt-core", "dbt-duckdb", "duckdb", "zarr", "numcodecs", "google-crc32c", "open_clip_torch",
-         "pydantic", "pyyaml", "rich", "filelock", "fsspec", "webdataset", "clip-benchmark", "fastapi", "sqlalchemy",
-         "numpy"]
-CARRY_ANYWAY = {"numpy"}
+COMMON = ["zarr", "numcodecs", "google-crc32c", "open_clip_torch", "pydantic", "pyyaml", "rich", "filelock", "fsspec",
+          "webdataset"]
+SETS = {"bench": [*COMMON, "clip-benchmark", "numpy"],
+        "cli": [*COMMON, "prefect", "dbt-core", "dbt-duckdb", "duckdb", "fastapi", "sqlalchemy"]}
+CARRY_ANYWAY = {"bench": {"numpy"}, "cli": set()}  # the cli set runs on the image's numpy 2.5
+NEVER = {"apprise", "docker"}  # imported by Prefect only when a notification block or a Docker image is used
 IMAGE = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
 certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
 cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock flatbuffers
@@ -62,15 +71,16 @@ def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def closure() -> dict[str, str]:
-    """name -> installed version, for ROOTS and everything they require (markers as on Linux, Python 3.12)."""
+def closure(kind: str) -> dict[str, str]:
+    """name -> installed version, for the set's roots and everything they require (markers as on Linux, Python
+    3.12)."""
     env = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3",
            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64"}
     seen: dict[str, str] = {}
-    todo = list(ROOTS)
+    todo = list(SETS[kind])
     while todo:
         name = norm(todo.pop())
-        if name in seen:
+        if name in seen or name in NEVER:
             continue
         try:
             dist = md.distribution(name)
@@ -83,7 +93,7 @@ def closure() -> dict[str, str]:
             if req.marker is None or req.marker.evaluate({**env, "extra": ""}):
                 todo.append(req.name)
     return {n: v for n, v in seen.items()
-            if (n not in IMAGE or n in CARRY_ANYWAY) and not n.startswith(("nvidia-", "cuda-", "torch", "triton"))}
+            if (n not in IMAGE or n in CARRY_ANYWAY[kind]) and not n.startswith(("nvidia-", "cuda-", "torch", "triton"))}
 
 
 def keep(path: str) -> bool:
@@ -102,13 +112,13 @@ def keep(path: str) -> bool:
     return not path.endswith(".pyi")
 
 
-def pack(dest: Path) -> None:
+def pack(dest: Path, preset: int) -> None:
     import tarfile
     import zipfile
 
     target = dest / "site.tar.xz"
     kept = total = 0
-    with tarfile.open(target, "w:xz", preset=9) as tar:
+    with tarfile.open(target, "w:xz", preset=preset) as tar:
         for wheel in sorted(dest.glob("*.whl")):
             with zipfile.ZipFile(wheel) as archive:
                 for info in archive.infolist():
@@ -132,18 +142,20 @@ def pack(dest: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dest", default=str(REPO / ".whl"))
+    parser.add_argument("--set", choices=sorted(SETS), required=True, help="bench or cli (one device call each)")
+    parser.add_argument("--dest", help="default: .whl-<set> in the repository")
+    parser.add_argument("--preset", type=int, default=9, help="LZMA preset of --pack (6: faster, a little larger)")
     parser.add_argument("--dry_run", action="store_true", help="list what would be downloaded")
     parser.add_argument("--pack", action="store_true", help="pack the downloaded wheels into site.tar.xz")
     args = parser.parse_args()
+    dest = Path(args.dest or REPO / f".whl-{args.set}")
     if args.pack:
-        pack(Path(args.dest))
+        pack(dest, args.preset)
         return
-    wanted = closure()
+    wanted = closure(args.set)
     print(f"{len(wanted)} packages: " + " ".join(f"{n}=={v}" for n, v in sorted(wanted.items())))
     if args.dry_run:
         return
-    dest = Path(args.dest)
     dest.mkdir(exist_ok=True)
     for name, version in sorted(wanted.items()):
         platform = [a for p in PLATFORMS for a in ("--platform", p)]
