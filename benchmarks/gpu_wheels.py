@@ -144,7 +144,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", choices=sorted(SETS), required=True, help="bench or cli (one device call each)")
     parser.add_argument("--dest", help="default: .whl-<set> in the repository")
-    parser.add_argument("--preset", type=int, default=9, help="LZMA preset of --pack (6: faster, a little larger)")
+    parser.add_argument("--preset", type=int, default=6, help="LZMA preset of --pack (9: slower, a little smaller)")
     parser.add_argument("--dry_run", action="store_true", help="list what would be downloaded")
     parser.add_argument("--pack", action="store_true", help="pack the downloaded wheels into site.tar.xz")
     args = parser.parse_args()
