@@ -80,5 +80,6 @@ step amp_parity 60 $PY benchmarks/amp.py --parity --device $DEV "${PARITY[@]}"
 step sweep 60 $PY benchmarks/input_pipeline.py --no_gpu --sweep_prefetch 2 4 --repeats 1 "${SWEEP[@]}"
 step cli 120 $PY benchmarks/cli_on_device.py --device $DEV "${CLI[@]}"
 echo "=== targets (ratios measured in this run; $((SECONDS - started_all)) s in all)"
-grep -h -E "target|parity with clip_benchmark|every step passed|passed|failed" "$OUT"/*.txt 2>/dev/null \
+for name in $STEPS; do [ -f "$OUT/$name.txt" ] && grep -h -E "target|parity with|every step|passed|failed|FAILED" \
+    "$OUT/$name.txt"; done \
     | grep -v "^  *$" | sed 's/^ */  /'
