@@ -16,7 +16,10 @@
 #   sweep       benchmarks/input_pipeline.py --sweep: decoding alone at 1..16 workers (prefetch 2 and 4) against the
 #               DataLoader: the table for docs/input_pipeline.md;
 #   cli         benchmarks/cli_on_device.py: clipcache eval --device cuda (Prefect) on webdataset shards, --decode gpu,
-#               SQL, clipcache report (dbt), a cached rescore.
+#               SQL, clipcache report (dbt), a cached rescore;
+#   models      the CUDA tests of the InternVL and SigLIP 2 loaders (#42): fp32 and fp16 weights against the CPU;
+#   places      benchmarks/retrieval_places_cuda.py (#40): per-query places on CUDA equal the CPU pass's, and the
+#               tie-heavy / tie-free rescore with and without rows on CUDA.
 # DRY=1 runs the steps on the CPU at tiny sizes with this machine's environment (a check of the script itself).
 set -u
 OUT=${OUT:-/tmp/gpu-checks}
@@ -79,6 +82,8 @@ step amp 55 $PY benchmarks/amp.py --device $DEV "${AMP[@]}"
 step amp_parity 60 $PY benchmarks/amp.py --parity --device $DEV "${PARITY[@]}"
 step sweep 60 $PY benchmarks/input_pipeline.py --no_gpu --sweep_prefetch 2 4 --repeats 1 "${SWEEP[@]}"
 step cli 120 $PY benchmarks/cli_on_device.py --device $DEV "${CLI[@]}"
+step models 70 $PY -m pytest -q -p no:cacheprovider -o addopts="" -k cuda tests/test_internvl.py tests/test_siglip2.py
+step places 60 $PY benchmarks/retrieval_places_cuda.py
 echo "=== targets (ratios measured in this run; $((SECONDS - started_all)) s in all)"
 for name in $STEPS; do [ -f "$OUT/$name.txt" ] && grep -h -E "target|parity with|every step|passed|failed|FAILED" \
     "$OUT/$name.txt"; done \
