@@ -23,6 +23,9 @@ FLAGS_FILE = Path(__file__).with_name("eval_flags.json")
 TYPES = {"int": int, "float": float}
 # choices that other packages extend: the flag's destination -> (entry point group, names before the registry's)
 PLUGIN_CHOICES = {"task": ("clipcache.tasks", ["auto"]), "model_type": ("clipcache.models", ["auto"])}
+# The live registry of each extensible flag: names registered in this process (a test, a notebook, a plugin's own
+# code) count when that registry is already imported; it is never imported for this.
+LIVE_REGISTRIES = {"task": ("clipcache.tasks.evaluation", "TASKS"), "model_type": ("clipcache.tasks.models", "LOADERS")}
 
 
 class Recorder:
@@ -111,7 +114,11 @@ class RegistryChoice:
         from importlib.metadata import entry_points
 
         group, _ = PLUGIN_CHOICES[self.dest]
-        names = self.builtin + sorted({ep.name for ep in entry_points(group=group)} - set(self.builtin))
+        extra = {ep.name for ep in entry_points(group=group)}
+        module_name, attribute = LIVE_REGISTRIES[self.dest]
+        if (module := sys.modules.get(module_name)) is not None:
+            extra |= set(getattr(module, attribute).names())
+        names = self.builtin + sorted(extra - set(self.builtin))
         if value in names:
             return value
         # argparse's own wording, which OneLineParser turns into one line with the closest name

@@ -113,7 +113,7 @@ def cached_captions(cache: CaptionCache, keys: list[str]) -> list[str | None]:
 
 
 def generate_missing(session: Any, dataset: Any, cache: CaptionCache, captions: list[str | None],
-                     keys: list[str], decoding: dict[str, Any], batch_size: int, progress: StageProgress) -> int:
+                     keys: list[str], *, decoding: dict[str, Any], batch_size: int, progress: StageProgress) -> int:
     """Caption every image without one with the session's model, in batches of ``batch_size``; each caption is
     appended to ``cache`` as its batch finishes. Returns how many were generated."""
     import torch

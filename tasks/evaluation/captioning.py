@@ -106,17 +106,18 @@ class Captioning(EvalTask):
         started = time.perf_counter()
         options = self.Options.of(settings)
         dataset, n = prepared.data, prepared.n_samples
-        captions = self._captions(session, dataset, n, store, memo, options, settings, progress)
+        captions = self._captions(session, dataset, n, store, memo, options=options, settings=settings,
+                                      progress=progress)
         outcomes: dict[str, Any] = {"captions": captions}
         references, ref_sha = self._references(dataset, n, options)
         if "clipscore" in options.caption_metrics:
-            outcomes.update(_clip_entries(session, prepared, store, memo, settings, progress, [
+            outcomes.update(_clip_entries(session, prepared, store, memo, settings=settings, progress=progress, texts=[
                 ("candidate", [CLIPSCORE_PREFIX + c for c in captions.captions]),
                 ("reference", [CLIPSCORE_PREFIX + r for refs in references for r in refs])]))
         return Encoded(outcomes, info={"references": references, "references_sha256": ref_sha},
                        seconds=time.perf_counter() - started)
 
-    def _captions(self, session: Any, dataset: Any, n: int, store: Any, memo: Any, options: Any,
+    def _captions(self, session: Any, dataset: Any, n: int, store: Any, memo: Any, *, options: Any,
                   settings: EncodeSettings, progress: StageProgress) -> Any:
         from pathlib import Path
 
@@ -153,8 +154,8 @@ class Captioning(EvalTask):
         if missing and (source or settings.cached_only):
             where = f"captioning setup {cache.key[:12]} ({cache.setup.get('model', '?')})"
             raise CacheMissError([f"captions of {missing} of {n} images of {dataset.name} in {where}"])
-        generated = generate_missing(session, dataset, cache, found, keys, options.decoding(),
-                                     settings.batch_size, progress)
+        generated = generate_missing(session, dataset, cache, found, keys, decoding=options.decoding(),
+                                     batch_size=settings.batch_size, progress=progress)
         return CaptionOutcome(tuple(c or "" for c in found), {"setup": cache.setup, "key": cache.key}, generated)
 
     def _references(self, dataset: Any, n: int, options: Any) -> tuple[list[list[str]], str | None]:
@@ -182,7 +183,7 @@ class Captioning(EvalTask):
         return Scored(metrics, prepared.n_samples, seconds=time.perf_counter() - started, evidence=evidence)
 
 
-def _clip_entries(session: Any, prepared: Prepared, store: Any, memo: Any, settings: EncodeSettings,
+def _clip_entries(session: Any, prepared: Prepared, store: Any, memo: Any, *, settings: EncodeSettings,
                   progress: StageProgress, texts: list[tuple[str, list[str]]]) -> dict[str, Any]:
     """The image entry (shared with every task that reads the dataset's images) and one text entry per list of
     prefixed texts, keyed by the texts alone (role ``caption_text``), so the same captions or references scored on

@@ -171,7 +171,7 @@ class ApiEmbeddingModel(EmbeddingModel):
             self._checked.add(modality)
 
     # -- requests --------------------------------------------------------------------------------------------------
-    def _answer(self, payload: dict, n: int, estimate: int, what: str, stop: threading.Event,
+    def _answer(self, payload: dict, n: int, estimate: int, what: str, stop: threading.Event, *,
                 canary: bool, images: bool) -> tuple[np.ndarray, int | None]:
         body, _ = self.client.post(payload, estimate=estimate, what=what, stop=stop, canary=canary, inputs=n,
                                    images=images)
@@ -198,7 +198,7 @@ class ApiEmbeddingModel(EmbeddingModel):
         payload = self.format.options(self.format.text_request(self.model_id, sent, self.settings.encoding_format),
                                       role=role if self.settings.roles else None,
                                       dimensions=self.settings.dimensions, images=False)
-        vectors, tokens = self._answer(payload, len(texts), sum(counts), what, stop, canary, images=False)
+        vectors, tokens = self._answer(payload, len(texts), sum(counts), what, stop, canary=canary, images=False)
         self.client.count(texts=0 if canary else len(texts), estimated=sum(counts), reported=tokens)
         return vectors
 
@@ -210,7 +210,7 @@ class ApiEmbeddingModel(EmbeddingModel):
         payload = self.format.options(self.format.image_request(self.model_id, urls, self.settings.encoding_format),
                                       role=None, dimensions=self.settings.dimensions, images=True)
         what = f"{len(urls)} {'canary ' if canary else ''}image(s)"
-        vectors, tokens = self._answer(payload, len(urls), estimate, what, stop, canary, images=True)
+        vectors, tokens = self._answer(payload, len(urls), estimate, what, stop, canary=canary, images=True)
         self.client.count(images=0 if canary else len(urls), estimated=estimate, reported=tokens)
         return vectors
 

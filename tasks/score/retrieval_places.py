@@ -80,11 +80,11 @@ def settle_both(t2i: QueryOutcomes, i2t: QueryOutcomes, counter: PositionCounter
     n_c, n_i = len(scanned.top_t2i), len(scanned.top_i2t)
     rows_t2i = settle_places(
         t2i, counter.places("t2i"), counter.window("t2i"), counter.floor("t2i"), scanned.pos_t2i, scanned.top_t2i,
-        scanned.ids_t2i, owner.copy(), is_positive=lambda q, c: owner[q] == c,
+        ids=scanned.ids_t2i, positive=owner.copy(), is_positive=lambda q, c: owner[q] == c,
         entries=lambda q, c: exact_entries(exact, q, c), n_candidates=n_i, eps=eps)
     rows_i2t = settle_places(
         i2t, counter.places("i2t"), counter.window("i2t"), counter.floor("i2t"), scanned.pos_i2t, scanned.top_i2t,
-        scanned.ids_i2t, best_caption(counter.estimate_t2i, caption_image, n_i),
+        ids=scanned.ids_i2t, positive=best_caption(counter.estimate_t2i, caption_image, n_i),
         is_positive=lambda q, c: owner[c] == q, entries=lambda q, c: exact_entries(exact, c, q), n_candidates=n_c,
         eps=eps)
     return rows_t2i, rows_i2t
@@ -92,7 +92,7 @@ def settle_both(t2i: QueryOutcomes, i2t: QueryOutcomes, counter: PositionCounter
 
 def settle_places(outcome: QueryOutcomes, places: tuple[torch.Tensor, torch.Tensor],
                   window: tuple[np.ndarray, np.ndarray], floor: np.ndarray, score: torch.Tensor, top: torch.Tensor,
-                  ids: torch.Tensor, positive: np.ndarray, *,
+                  *, ids: torch.Tensor, positive: np.ndarray,
                   is_positive: Callable[[np.ndarray, np.ndarray], np.ndarray], entries: Entries, n_candidates: int,
                   eps: float) -> np.ndarray:
     """Fill ``outcome``'s places: from the pass's counts (``places``: PositionCounter.places), ``window`` (its
@@ -110,7 +110,7 @@ def settle_places(outcome: QueryOutcomes, places: tuple[torch.Tensor, torch.Tens
     # the windows and the kept list hold every candidate of a top block that starts within the positive's window
     window_holds = has & (above_plus_one - 1 < top.shape[1])
     need_row |= _settle_top(outcome, top.cpu().numpy(), ids.cpu().numpy(), (window, floor, window_holds, positive),
-                            entries, n_candidates, eps)
+                            entries, n_candidates=n_candidates, eps=eps)
     return need_row
 
 
@@ -138,7 +138,7 @@ def _settle_ranks(outcome: QueryOutcomes, open_: np.ndarray, window: tuple[np.nd
 
 def _settle_top(outcome: QueryOutcomes, top: np.ndarray, ids: np.ndarray,
                 windows: tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray, np.ndarray], entries: Entries,
-                n_candidates: int, eps: float) -> np.ndarray:
+                *, n_candidates: int, eps: float) -> np.ndarray:
     """The exact top places where two of the first places (or the last and the next) lie within the margin: among
     the candidates within the margin of the last place, taken from the kept list, or, when the tied block runs past
     it, from the kept list plus the best positive's window where that window reaches below the block."""
