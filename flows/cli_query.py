@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import sys
@@ -55,7 +54,9 @@ def _jsonable(value: Any) -> Any:
 
 def _render(columns: list[str], rows: list[tuple], fmt: str, stream: TextIO) -> None:
     if fmt == "csv":
-        writer = csv.writer(stream)
+        from clipcache.storage.spreadsheet import csv_writer
+
+        writer = csv_writer(stream)
         writer.writerow(columns)
         writer.writerows(rows)
     elif fmt == "json":

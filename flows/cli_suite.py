@@ -40,8 +40,11 @@ def add_suite_parser(sub: argparse._SubParsersAction) -> None:
                              "(one --model); mteb: mteb's results folder (<out>/results/<model>/<revision>/"
                              "<TaskName>.json) for the datasets with a MIEB counterpart")
     export.add_argument("--out", required=True, help="file to write (--format mteb: an mteb cache folder); never "
-                                                     "inside the warehouse")
+                                                     "inside the warehouse or an embedding cache")
     export.add_argument("--output_dir", "--output-dir", dest="output_dir", default="outputs")
+    export.add_argument("--cache_dir", "--cache-dir", dest="cache_dir", default="cache",
+                        help="the embedding cache, which --out may not write into (default: cache; any folder with "
+                             "a cache's layout is refused too)")
     export.add_argument("--model", nargs="+", default=None, help="only these models (model or model/pretrained)")
     export.set_defaults(handler=run_export)
     check = actions.add_parser("check", help="a published table (open_clip's CSV, your paper's numbers) against "
@@ -190,7 +193,7 @@ def run_export(args: argparse.Namespace) -> int:
     from clipcache.tasks.suites import exports
 
     mteb = args.format == "mteb"
-    out = check_export_path(args.out, args.output_dir, folder=mteb)
+    out = check_export_path(args.out, args.output_dir, cache_dir=args.cache_dir, folder=mteb)
     if not Path(out).parent.is_dir():
         raise ConfigError(f"--out: folder {Path(out).parent} does not exist")
     suite, con, scores = _scores(args, resamples=0)
@@ -199,7 +202,8 @@ def run_export(args: argparse.Namespace) -> int:
     if mteb:
         from clipcache.tasks.suites.mteb_export import write_mteb_results
 
-        files = write_mteb_results(con, suite, scores, Path(out))
+        files = write_mteb_results(con, suite, scores, Path(out), check=lambda folder: check_export_path(
+            folder, args.output_dir, cache_dir=args.cache_dir, folder=True))
         if not files:
             raise ConfigError(f"--format mteb: no result of suite {suite.name} is a MIEB task (datasets with a "
                               f"MIEB counterpart: tasks/suites/mieb_tasks.json, or named mieb:<TaskName>)")

@@ -304,6 +304,18 @@ class EvaluateParams(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _output_outside_the_stores(self) -> EvaluateParams:
+        """clip_benchmark's --output pattern never names a folder in the warehouse or a cache (tasks/results.py)."""
+        if self.output is not None:
+            from clipcache.tasks.results import check_output_location
+
+            try:
+                check_output_location(self.output, self.output_dir, self.cache_dir)
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
+        return self
+
+    @model_validator(mode="after")
     def _valid_task_options(self) -> EvaluateParams:
         """Each task's options, as its Options model checks them (every swept value too)."""
         for task in OPTION_TASKS:

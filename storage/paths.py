@@ -144,3 +144,24 @@ def check_location(location: str | os.PathLike, field: str) -> None:
         raise ConfigError(f"{field}: cannot reach {url(path)} ({type(e).__name__}: {str(e).splitlines()[0]})") from e
     if not found:
         raise ConfigError(f"{field}: bucket {bucket!r} does not exist ({url(path)}); create it or fix the URL")
+
+
+# What marks a folder as clipcache's own, so that an export or a report is never written into one even when its
+# command was not told where it is (storage/embedding_store.py and storage/results.py define these layouts).
+CACHE_MARKERS = ("usage", "locks")  # beside embeddings/ in a cache root
+WAREHOUSE_TABLES = ("metrics", "runs", "samples")  # folders of <output_dir>/warehouse
+
+
+def owning_store(path: Path) -> tuple[str, Path] | None:
+    """(what, folder) when the local ``path`` (resolved, symlinks followed) is or lies inside an embedding cache or a
+    results warehouse recognised by its layout, else None: a cache root holds ``embeddings/`` with ``<key>.zarr``
+    entries or ``usage/`` / ``locks/`` beside it; a warehouse is a ``warehouse`` folder holding a table folder."""
+    resolved = Path(path).resolve()
+    for folder in (resolved, *resolved.parents):
+        entries = folder / "embeddings"
+        if entries.is_dir() and (any((folder / m).is_dir() for m in CACHE_MARKERS)
+                                 or next(entries.glob("*.zarr"), None) is not None):
+            return "an embedding cache", folder
+        if folder.name == "warehouse" and any((folder / t).is_dir() for t in WAREHOUSE_TABLES):
+            return "a results warehouse", folder
+    return None

@@ -27,7 +27,7 @@ import duckdb
 import pyarrow as pa
 
 from clipcache.storage.errors import ConfigError, ResultsError
-from clipcache.storage.paths import AnyPath, as_path, is_remote, url
+from clipcache.storage.paths import AnyPath, as_path, is_remote, owning_store, url
 from clipcache.storage.results import TABLES, file_problem, physical_schema, published_files, warehouse_dir
 from clipcache.storage.sample_metadata import register_view as register_metadata_view
 
@@ -178,14 +178,18 @@ def check_export_path(out: str | os.PathLike, output_dir: str | os.PathLike, *, 
                       flag: str = "--out", folder: bool = False) -> Path:
     """``out`` as a path to write an export or a report to, or ConfigError: never a file inside the warehouse or the
     embedding cache (symlinks followed: an export written there would replace results or cache entries, or read as
-    one), never a folder. With ``folder``, ``out`` is a folder the caller replaces as a whole: it must not be a file,
-    and it must not hold the warehouse or the cache either."""
+    one), never a folder. With ``folder``, ``out`` is a folder the caller writes into: it must not be a file, and
+    it must not hold the warehouse or the cache either. Besides the named ``output_dir`` and ``cache_dir``, any
+    folder that has a cache's or a warehouse's layout is refused (storage/paths.py ``owning_store``): a command that
+    was not told where the cache is still never writes into one. Every command's output path goes through here."""
     target = Path(out)
     resolved = target.resolve()
     shown = f"{target} (-> {resolved})" if resolved != target.absolute() else str(target)
     protected = [("the results warehouse", warehouse_dir(output_dir))]
     if cache_dir is not None:
         protected.append(("the embedding cache", as_path(cache_dir)))
+    if (found := owning_store(resolved)) is not None:
+        protected.append(found)
     for what, place in protected:
         if is_remote(place):
             continue  # a local file cannot land in a bucket

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from clipcache.storage.errors import ConfigError
 from clipcache.storage.experiment import Experiment
 from clipcache.storage.naming import path_component, template_problem
-from clipcache.storage.paths import AnyPath, as_path
+from clipcache.storage.paths import AnyPath, as_path, is_remote
 from clipcache.storage.results import json_safe_metrics, write_json, write_metric_rows, write_sample_rows
 from clipcache.tasks.models.spec import ModelSpec
 from clipcache.tasks.score.metrics import split_metric_name
@@ -48,6 +48,18 @@ def check_output_template(template: str) -> str:
     if problem:
         raise ConfigError(f"output: {template!r} {problem}")
     return template
+
+
+def check_output_location(template: str, output_dir: str, cache_dir: str | None = None) -> None:
+    """ConfigError when the folder that the pattern's fixed part names (everything before its first field) lies in
+    the results warehouse or an embedding cache: each field fills one path component, so no value can leave it."""
+    from clipcache.storage.paths import is_url
+    from clipcache.storage.warehouse import check_export_path
+
+    if is_url(template):
+        return  # an object store: no local cache or warehouse folder to land in
+    # the pattern as a path: its fields are literal names under the fixed folder, which is what is checked
+    check_export_path(template, output_dir, cache_dir=cache_dir, flag="output")
 
 
 def clip_benchmark_output_path(template: str, spec: ModelSpec, experiment: Experiment) -> AnyPath:
@@ -172,6 +184,10 @@ def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, *,
         # clip_benchmark's file has no experiment id: a pattern that maps another model, dataset, task or language
         # to an existing file gives this one a file of its own instead of replacing it.
         target = clip_benchmark_output_path(output_template, spec, experiment)
+        if not is_remote(target):  # the filled pattern too: a cache found by its layout (storage/paths.py)
+            from clipcache.storage.warehouse import check_export_path
+
+            check_export_path(target, output_dir, flag="output")
         if _clip_benchmark_owner(target) not in (None, _clip_benchmark_identity(payload)):
             target = target.with_name(f"{target.stem}.{experiment.id[:8]}{target.suffix}")
         paths.append(write_json(target, {**payload, **dumps}))

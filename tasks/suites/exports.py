@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from clipcache.storage.errors import ConfigError
+from clipcache.storage.spreadsheet import csv_writer
 from clipcache.tasks.score.intervals import percentile_interval
 from clipcache.tasks.suites import Suite, SuiteEntry
 from clipcache.tasks.suites.scoring import DatasetResult, ModelScore
@@ -37,7 +38,7 @@ def _cell(value: float | None) -> str:
 
 def openclip_csv(suite: Suite, scores: list[ModelScore]) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv_writer(out, lineterminator="\n")
     writer.writerow(["name", "pretrained", f"Average perf. on {len(suite.datasets)} datasets",
                      *[e.label for e in suite.datasets]])
     for s in sorted(scores, key=lambda s: -(s.score if s.score is not None else -1.0)):
@@ -53,7 +54,7 @@ def openclip_retrieval_csv(con: Any, suite: Suite, scores: list[ModelScore]) -> 
                           f"{', '.join(RETRIEVAL_NAMES)}")
     columns = [(e, direction, k) for e in sets for direction in ("image", "text") for k in (1, 5, 10)]
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv_writer(out, lineterminator="\n")
     writer.writerow(["name", "pretrained", "Average score",
                      *[f"{RETRIEVAL_NAMES[e.dataset]} {d} retr. R@{k}" for e, d, k in columns]])
     for s in scores:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -183,9 +184,12 @@ def mteb_task_results(con: Any, suite: Suite, score: ModelScore) -> dict[str, di
     return found
 
 
-def write_mteb_results(con: Any, suite: Suite, scores: list[ModelScore], out: Path) -> list[Path]:
+def write_mteb_results(con: Any, suite: Suite, scores: list[ModelScore], out: Path,
+                       check: Callable[[Path], Any] | None = None) -> list[Path]:
     """Write ``<out>/results/<model>/<revision>/<TaskName>.json`` and ``model_meta.json`` for every model with a
-    result on a dataset of the suite that has a MIEB counterpart; returns the task files written."""
+    result on a dataset of the suite that has a MIEB counterpart; returns the task files written. ``check`` is
+    called on each folder before anything is written into it (a ``results`` link under ``out`` that points into
+    the cache is refused there)."""
     from clipcache.storage.atomic import atomic_write_text
 
     written = []
@@ -195,6 +199,8 @@ def write_mteb_results(con: Any, suite: Suite, scores: list[ModelScore], out: Pa
             continue
         name, revision = model_name_and_revision(score)
         folder = out / "results" / _safe(name.replace("/", "__").replace(" ", "_")) / revision
+        if check is not None:
+            check(folder)
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(folder / "model_meta.json", json.dumps(_model_meta(name, revision), indent=4))
         for task_name, result in sorted(results.items()):
