@@ -223,10 +223,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def out() -> Any:
-    from rich.console import Console
+    from clipcache.flows.console import data_console
 
-    # Piped output would otherwise wrap the results table at 80 columns.
-    return Console(width=None if sys.stdout.isatty() else 160)
+    return data_console(160)  # names in results are data: printed as they are, never as markup
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -51,9 +51,9 @@ def run_cache_command(args: argparse.Namespace) -> int:
         from clipcache.storage.errors import ConfigError
 
         raise ConfigError(f"cache_dir: {args.cache_dir} does not exist (no cache there; `clipcache eval` creates one)")
-    from rich.console import Console  # imported when a cache command runs, not to build the CLI
+    from clipcache.flows.console import data_console
 
-    out = Console(width=None if Console().is_terminal else 160)
+    out = data_console(160)
     return {"ls": _ls, "info": _info, "verify": _verify, "rm": _rm, "gc": _gc}[args.action](store, args, out)
 
 
@@ -106,7 +106,9 @@ def _verify(store, args, out: Console) -> int:
             continue
         damaged += 1
         for problem in problems:
-            out.print(f"[red]damaged[/] {key}: {problem}", highlight=False, soft_wrap=True)
+            from clipcache.flows.console import styled
+
+            out.print(styled("damaged", "red", f"{key}: {problem}"), highlight=False, soft_wrap=True)
         if args.delete:
             store.remove(key)
             out.print(f"deleted {key}; the next `clipcache eval` that needs it re-encodes it")

@@ -83,8 +83,9 @@ COLUMNS = ("name", "task", "original layout", "hosted", "cached", "size")
 
 
 def run_datasets(args: argparse.Namespace) -> int:
-    from rich.console import Console  # on use: building the CLI does not import rich
-    from rich.table import Table
+    from rich.table import Table  # on use: building the CLI does not import rich
+
+    from clipcache.flows.console import data_console
 
     if args.markdown:
         print(markdown_table())
@@ -94,15 +95,15 @@ def run_datasets(args: argparse.Namespace) -> int:
         table.add_column(column, justify="right" if column == "size" else "left")
     for row in catalog_rows(args.cache_dir, args.hub):
         table.add_row(*(row[c] for c in COLUMNS))
-    Console(width=None if Console().is_terminal else 200).print(table)
+    data_console(200).print(table)
     return 0
 
 
 def run_models(args: argparse.Namespace) -> int:
     import open_clip
-    from rich.console import Console  # on use: building the CLI does not import rich
-    from rich.table import Table
+    from rich.table import Table  # on use: building the CLI does not import rich
 
+    from clipcache.flows.console import data_console
     from clipcache.tasks.models.open_clip_loader import BUNDLED
     from clipcache.tasks.models.presets import presets as load_presets
     from clipcache.tasks.models.st_loader import BUNDLED_TEXT
@@ -117,7 +118,7 @@ def run_models(args: argparse.Namespace) -> int:
             table.add_column(column)
         for row in format_rows():
             table.add_row(*row)
-        Console(width=None if Console().is_terminal else 160).print(table)
+        data_console(160).print(table)
         return 0
     presets = load_presets()
     rows = [("bundled", name, "", "open_clip local-dir") for name in BUNDLED]
@@ -132,15 +133,15 @@ def run_models(args: argparse.Namespace) -> int:
         table.add_column(column)
     for row in rows:
         table.add_row(*row)
-    Console(width=None if Console().is_terminal else 140).print(table)
+    data_console(140).print(table)
     return 0
 
 
 def _model_types() -> int:
-    from rich.console import Console  # on use: building the CLI does not import rich
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
+    from clipcache.flows.console import data_console, styled
     from clipcache.storage.errors import ModelError
     from clipcache.tasks.models import LOADERS
     from clipcache.tasks.models.resolve import get_loader
@@ -149,10 +150,11 @@ def _model_types() -> int:
     for column in ("name", "what it loads", "from"):
         table.add_column(column)
     for name in LOADERS.names():
+        description: str | Text
         try:
             description = get_loader(name).description
         except ModelError as e:  # a broken plugin is listed with its problem, not hidden
-            description = f"[red]cannot be used[/]: {escape(str(e))}"
+            description = styled("cannot be used:", "red", str(e))
         table.add_row(name, description, LOADERS.origin(name))
-    Console(width=None if Console().is_terminal else 160).print(table)
+    data_console(160).print(table)
     return 0

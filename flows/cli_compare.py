@@ -38,10 +38,12 @@ def run_compare(args: argparse.Namespace) -> int:
         json.dump([r.as_dict() for r in rows], sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
-    from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    from clipcache.flows.console import data_console
+
+    console = data_console(160)  # dataset names and ids are data, never markup
     # every column needs about 150 columns; a narrower terminal gets the columns a verdict rests on, whole names
     narrow = console.width < 150
     columns: tuple[str, ...] = ("dataset", "metric", "n", "baseline", "candidate", "difference", "95% interval", "p",
@@ -68,7 +70,7 @@ def run_compare(args: argparse.Namespace) -> int:
                  "p (Holm)": fmt(r.p_holm, 3), "flips +/-": flips, "verdict": r.verdict}
         if narrow and r.dataset != dataset:
             dataset = r.dataset
-            table.add_row(f"[bold]{r.dataset}[/] (n {r.n})")
+            table.add_row(Text.assemble((r.dataset, "bold"), f" (n {r.n})"))
         table.add_row(*(cells[c] for c in columns))
     console.print(table)
     if narrow:

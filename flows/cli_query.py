@@ -65,15 +65,16 @@ def _render(columns: list[str], rows: list[tuple], fmt: str, stream: TextIO) -> 
                   default=str)
         stream.write("\n")
     else:
-        from rich.console import Console
         from rich.table import Table
+
+        from clipcache.flows.console import data_console
 
         table = Table()
         for column in columns:
             table.add_column(column)
         for row in rows:
             table.add_row(*("" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v) for v in row))
-        Console(file=stream, width=None if stream.isatty() else 160).print(table)
+        data_console(160, file=stream).print(table)
 
 
 def run_query(args: argparse.Namespace) -> int:
@@ -145,23 +146,22 @@ def _output_dir(parser: argparse.ArgumentParser) -> None:
 
 
 def run_results(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from clipcache.flows.console import data_console, styled
     from clipcache.storage.compaction import compact
     from clipcache.storage.errors import ResultsError
     from clipcache.storage.results import TABLES
 
     args.output_dir = getattr(args, "output_dir", "outputs")
     check_output_dir(args.output_dir)
-    out = Console()
+    out = data_console()
     if args.action == "verify":
         from clipcache.storage.result_checks import verify_results
 
         problems, notes = verify_results(args.output_dir)
         for line in problems:
-            out.print(f"[red]problem[/] {line}", highlight=False, soft_wrap=True)
+            out.print(styled("problem", "red", line), highlight=False, soft_wrap=True)
         for line in notes:
-            out.print(f"[yellow]note[/] {line}", highlight=False, soft_wrap=True)
+            out.print(styled("note", "yellow", line), highlight=False, soft_wrap=True)
         out.print(f"verified the results under {args.output_dir}: {len(problems)} problem(s), {len(notes)} note(s)")
         return 1 if problems else 0
     if args.action == "migrate":

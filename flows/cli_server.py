@@ -19,11 +19,10 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_server_command(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from clipcache.flows import prefect_server
+    from clipcache.flows.console import data_console
 
-    out = Console()
+    out = data_console()
     if args.action == "start":
         started = prefect_server.start(args.port)
         out.print(f"Prefect server: {started.url.removesuffix('/api')} (API {started.url}, pid {started.pid}); later "

@@ -60,9 +60,9 @@ def add_suite_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from clipcache.flows.console import data_console
     from clipcache.tasks.suites import load_suite, shipped
 
     table = Table(title="suites")
@@ -71,14 +71,14 @@ def run_list(args: argparse.Namespace) -> int:
     for name in shipped():
         suite = load_suite(name)
         table.add_row(name, str(len(suite.datasets)), str(len(suite.runnable())), suite.description)
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    data_console(160).print(table)
     return 0
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from clipcache.flows.console import data_console
     from clipcache.tasks.suites import load_suite
 
     suite = load_suite(args.suite)
@@ -89,7 +89,7 @@ def run_show(args: argparse.Namespace) -> int:
         table.add_row(e.dataset, e.name or "", e.task, e.main_metric, "" if e.chance is None else f"{e.chance:.4f}",
                       "" if e.size is None else str(e.size), ", ".join(e.tags),
                       ("not runnable here; " if not e.runnable else "") + (e.note or ""))
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = data_console(200)
     console.print(table)
     if suite.source:
         console.print(f"source: {suite.source}")
@@ -135,10 +135,11 @@ def run_score(args: argparse.Namespace) -> int:
         json.dump(score_payload(suite, scores), sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    from clipcache.flows.console import data_console
+
+    console = data_console(200)
     if not scores:
         console.print(f"no results for any dataset of suite {suite.name} under {args.output_dir}: run "
                       f"`clipcache eval --suite {args.suite} --model ...` first")
@@ -239,10 +240,11 @@ def run_check(args: argparse.Namespace) -> int:
                   indent=1)
         sys.stdout.write("\n")
         return 0
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    from clipcache.flows.console import data_console
+
+    console = data_console(200)
     if not rows:
         console.print(f"no row of {args.published} is a model with results here (matched on name and pretrained)")
         return 0

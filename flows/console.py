@@ -1,11 +1,34 @@
-"""Console rendering of a run's results: one row per metric, the pair's details on its first row."""
+"""Console rendering of a run's results: one row per metric, the pair's details on its first row; and the one
+console every command prints data through.
+
+Names come from users and data (dataset, model, class and suite names, warehouse rows): Rich would read
+``[/]x[bold]`` in one as markup and stop with a MarkupError, and turn ``[link=...]`` into a clickable link. So the
+consoles that print data (:func:`data_console`) read no markup and no emoji codes at all; a style of our own is
+given as a ``Text`` (:func:`styled`), never spelled inside a string.
+"""
 
 from __future__ import annotations
 
 import math
+import sys
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+
+def data_console(width: int | None = None, **kwargs: Any) -> Console:
+    """A console that prints strings as they are (no markup, no emoji codes); ``width`` applies when the output is
+    not a terminal (piped output would otherwise wrap tables at 80 columns)."""
+    file = kwargs.get("file") or (sys.stderr if kwargs.get("stderr") else sys.stdout)
+    terminal = hasattr(file, "isatty") and file.isatty()
+    return Console(markup=False, emoji=False, width=None if terminal else width, **kwargs)
+
+
+def styled(label: str, style: str, rest: str) -> Text:
+    """``label`` in ``style``, then `` rest`` as plain text (whatever brackets it holds)."""
+    return Text.assemble((label, style), " ", rest)
 
 
 def format_value(value: float | None) -> str:

@@ -39,7 +39,7 @@ class StageProgress:
         if not self.enabled or not self.console.is_terminal:
             yield
             return
-        columns = [SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()]
+        columns = [SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn()]
         with Progress(*columns, console=self.console, transient=True) as progress:
             progress.add_task(message, total=None)
             yield
@@ -49,7 +49,8 @@ class StageProgress:
         if not self.enabled:
             yield lambda n=1: None
             return
-        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), RateColumn(),
+        # descriptions hold dataset and model names: shown as they are, never read as Rich markup
+        columns = [TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), RateColumn(),
                    TimeElapsedColumn(), TimeRemainingColumn()]
         with Progress(*columns, console=self.console, transient=False) as progress:
             task = progress.add_task(description, total=total, unit=unit)

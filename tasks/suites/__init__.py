@@ -33,6 +33,9 @@ DEFAULT_MAIN_METRIC = {"zeroshot_classification": "acc1", "zeroshot_retrieval": 
                        "linear_probe": "lp_acc1", "image_clustering": "image_clustering_nmi",
                        "visual_sts": "cosine_spearman", "multiple_choice": "acc1"}
 _MEAN_RECALL = re.compile(r"mean_recall@(\d+)$")
+# A suite file is a list of datasets: the largest shipped one (mieb_lite, 130 datasets) is 17 KB. A bound keeps a
+# wrong or hostile file (50 MB of YAML parses for minutes at gigabytes) to one line, read no further than the bound.
+MAX_SUITE_BYTES = 1_000_000
 
 
 class SuiteEntry(BaseModel):
@@ -159,13 +162,28 @@ def _known_chances() -> dict[str, float]:
     return out
 
 
+def read_bounded_text(path: Path, limit: int, what: str, encoding: str = "utf-8") -> str:
+    """The text of ``path``, or ConfigError naming ``what`` when it is larger than ``limit`` bytes (found by reading
+    at most ``limit + 1`` bytes, so a huge or endless file costs nothing) or cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise ConfigError(f"{what} {path}: larger than {limit:,} bytes; a file of this kind is far smaller (is "
+                              f"it the right file?)")
+        return data.decode(encoding)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what} {path}: cannot read it ({str(e).splitlines()[0]})") from None
+
+
 @cache
 def _read(path: Path) -> Suite:
     import yaml
 
+    text = read_bounded_text(path, MAX_SUITE_BYTES, "suite")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
         raise ConfigError(f"suite {path}: cannot read it ({str(e).splitlines()[0]})") from None
     return parse_suite(data, str(path))
 

@@ -26,10 +26,11 @@ import numpy as np
 from clipcache.storage.errors import ConfigError
 from clipcache.storage.spreadsheet import csv_writer
 from clipcache.tasks.score.intervals import percentile_interval
-from clipcache.tasks.suites import Suite, SuiteEntry
+from clipcache.tasks.suites import Suite, SuiteEntry, read_bounded_text
 from clipcache.tasks.suites.scoring import DatasetResult, ModelScore
 
 RETRIEVAL_NAMES = {"flickr30k": "Flickr", "mscoco_captions": "MSCOCO"}
+MAX_PUBLISHED_BYTES = 20_000_000  # open_clip's openclip_results.csv is ~100 KB
 
 
 def _cell(value: float | None) -> str:
@@ -127,10 +128,7 @@ def published_table(name_or_path: str | Path) -> Path:
 
 def read_published(path: Path) -> tuple[list[str], list[dict[str, str]]]:
     path = published_table(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--published: cannot read {path} ({e})") from None
+    text = read_bounded_text(path, MAX_PUBLISHED_BYTES, "--published:", encoding="utf-8-sig")
     reader = csv.DictReader(io.StringIO(text))
     header = list(reader.fieldnames or [])
     if "name" not in header:
