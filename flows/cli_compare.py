@@ -26,14 +26,14 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
 def run_compare(args: argparse.Namespace) -> int:
     from clipcache.flows.cli_query import check_output_dir
     from clipcache.storage.errors import ConfigError
-    from clipcache.storage.warehouse import connect
+    from clipcache.storage.warehouse import read_results
     from clipcache.tasks.report.compare import compare
 
     if args.bootstrap < 1:
         raise ConfigError("--bootstrap: give at least 1 resample")
     check_output_dir(args.output_dir)
-    rows = compare(connect(args.output_dir), args.baseline, args.candidate, resamples=args.bootstrap,
-                   seed=args.seed)
+    rows = read_results(args.output_dir, lambda con: compare(con, args.baseline, args.candidate,
+                                                             resamples=args.bootstrap, seed=args.seed))
     if args.format == "json":
         json.dump([r.as_dict() for r in rows], sys.stdout, indent=1)
         sys.stdout.write("\n")

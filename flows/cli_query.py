@@ -82,7 +82,7 @@ def run_query(args: argparse.Namespace) -> int:
 
     from clipcache.storage.atomic import atomic_write
     from clipcache.storage.errors import ConfigError, ResultsError
-    from clipcache.storage.warehouse import check_export_path, check_read_only, open_warehouse, sql_statements
+    from clipcache.storage.warehouse import check_export_path, check_read_only, read_consistently, sql_statements
 
     check_output_dir(args.output_dir)
     sql_statements(args.sql)
@@ -93,26 +93,31 @@ def run_query(args: argparse.Namespace) -> int:
     out = check_export_path(args.out, args.output_dir, cache_dir=args.cache_dir) if args.out else None
     if out is not None and not out.parent.is_dir():
         raise ConfigError(f"--out: folder {out.parent} does not exist")
-    warehouse = open_warehouse(args.output_dir, read_only=not args.allow_writes)
     from clipcache.tasks.suites.sql import register
 
-    register(warehouse.con)  # suite_datasets, suite_results, suite_scores
-    problems = warehouse.problems_for(args.sql)
-    if problems:
-        raise ResultsError(f"{problems[0]}; move it out of the warehouse (`clipcache results verify` lists every "
-                           f"such file)")
-    # Every row is fetched before anything is written: DuckDB reports most errors (a failed cast, error()) only
-    # while it produces rows, and a failed query must leave no file, not half of one.
-    try:
-        relation = warehouse.con.sql(args.sql)
-        if relation is None:
-            return 0  # a statement without a result (e.g. SET)
-        if args.format == "parquet":
-            table = relation.to_arrow_table()  # written by us, not DuckDB: the query itself may not touch files
-        else:
-            columns, rows = relation.columns, relation.fetchall()
-    except duckdb.Error as e:
-        raise ResultsError(f"query failed: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from e
+    def read(warehouse: Any) -> tuple[Any, Any, Any]:
+        """(arrow table or None, columns, rows), all fetched (from the files before or after a concurrent
+        `results compact`: storage/warehouse.py starts a read over when they were replaced)."""
+        register(warehouse.con)  # suite_datasets, suite_results, suite_scores
+        problems = warehouse.problems_for(args.sql)
+        if problems:
+            raise ResultsError(f"{problems[0]}; move it out of the warehouse (`clipcache results verify` lists "
+                               f"every such file)")
+        # Every row is fetched before anything is written: DuckDB reports most errors (a failed cast, error())
+        # only while it produces rows, and a failed query must leave no file, not half of one.
+        try:
+            relation = warehouse.con.sql(args.sql)
+            if relation is None:
+                return None, None, None  # a statement without a result (e.g. SET)
+            if args.format == "parquet":
+                return relation.to_arrow_table(), None, None  # written by us: the query itself may not touch files
+            return None, relation.columns, relation.fetchall()
+        except duckdb.Error as e:
+            raise ResultsError(f"query failed: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from e
+
+    table, columns, rows = read_consistently(args.output_dir, read, read_only=not args.allow_writes)
+    if table is None and columns is None:
+        return 0
     if out is None:
         _render(columns, rows, args.format, sys.stdout)
     elif args.format == "parquet":

@@ -121,7 +121,7 @@ def score_payload(suite: Any, scores: list[Any]) -> list[dict[str, Any]]:
 def run_score(args: argparse.Namespace) -> int:
     from clipcache.flows.cli_query import check_output_dir
     from clipcache.storage.errors import ConfigError
-    from clipcache.storage.warehouse import connect
+    from clipcache.storage.warehouse import read_results
     from clipcache.tasks.suites import load_suite
     from clipcache.tasks.suites.scoring import score_suite
 
@@ -129,8 +129,8 @@ def run_score(args: argparse.Namespace) -> int:
         raise ConfigError("--bootstrap: give 0 (no intervals) or more resamples")
     suite = load_suite(args.suite)
     check_output_dir(args.output_dir)
-    scores = score_suite(connect(args.output_dir), suite, resamples=args.bootstrap, seed=args.seed,
-                         models=args.model)
+    scores = read_results(args.output_dir, lambda con: score_suite(con, suite, resamples=args.bootstrap,
+                                                                   seed=args.seed, models=args.model))
     if args.format == "json":
         json.dump(score_payload(suite, scores), sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -173,16 +173,23 @@ def run_score(args: argparse.Namespace) -> int:
     return 0
 
 
-def _scores(args: argparse.Namespace, resamples: int) -> tuple[Any, Any, list[Any]]:
+def _scores(args: argparse.Namespace, resamples: int, then: Any = None) -> tuple[Any, list[Any], Any]:
+    """(suite, scores, then(con, suite, scores)): all of it read from one consistent view of the warehouse
+    (started over if `results compact` replaced the files meanwhile; storage/warehouse.py)."""
     from clipcache.flows.cli_query import check_output_dir
-    from clipcache.storage.warehouse import connect
+    from clipcache.storage.warehouse import read_results
     from clipcache.tasks.suites import load_suite
     from clipcache.tasks.suites.scoring import score_suite
 
     suite = load_suite(args.suite)
     check_output_dir(args.output_dir)
-    con = connect(args.output_dir)
-    return suite, con, score_suite(con, suite, resamples=resamples, models=getattr(args, "model", None))
+
+    def read(con: Any) -> tuple[list[Any], Any]:
+        scores = score_suite(con, suite, resamples=resamples, models=getattr(args, "model", None))
+        return scores, (then(con, suite, scores) if then is not None and scores else None)
+
+    scores, extra = read_results(args.output_dir, read)
+    return suite, scores, extra
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -197,30 +204,33 @@ def run_export(args: argparse.Namespace) -> int:
     out = check_export_path(args.out, args.output_dir, cache_dir=args.cache_dir, folder=mteb)
     if not Path(out).parent.is_dir():
         raise ConfigError(f"--out: folder {Path(out).parent} does not exist")
-    suite, con, scores = _scores(args, resamples=0)
+    def export(con: Any, suite: Any, scores: list[Any]) -> Any:
+        if mteb:
+            from clipcache.tasks.suites.mteb_export import write_mteb_results
+
+            return write_mteb_results(con, suite, scores, Path(out), check=lambda folder: check_export_path(
+                folder, args.output_dir, cache_dir=args.cache_dir, folder=True))
+        if args.format == "openclip":
+            return exports.openclip_csv(suite, scores)
+        if args.format == "openclip_retrieval":
+            return exports.openclip_retrieval_csv(con, suite, scores)
+        if len(scores) != 1:
+            raise ConfigError(f"--format datacomp: DataComp's file holds one model; {len(scores)} have results "
+                              f"({', '.join(s.label for s in scores)}): choose one with --model")
+        return exports.datacomp_jsonl(con, scores[0])
+
+    suite, scores, written = _scores(args, resamples=0, then=export)
     if not scores:
         raise ConfigError(f"no results for any dataset of suite {suite.name} under {args.output_dir}")
     if mteb:
-        from clipcache.tasks.suites.mteb_export import write_mteb_results
-
-        files = write_mteb_results(con, suite, scores, Path(out), check=lambda folder: check_export_path(
-            folder, args.output_dir, cache_dir=args.cache_dir, folder=True))
+        files = written
         if not files:
             raise ConfigError(f"--format mteb: no result of suite {suite.name} is a MIEB task (datasets with a "
                               f"MIEB counterpart: tasks/suites/mieb_tasks.json, or named mieb:<TaskName>)")
         models = len({f.parent for f in files})
         print(f"wrote {len(files)} mteb task result(s) of {models} model(s) under {Path(out) / 'results'}")
         return 0
-    if args.format == "openclip":
-        text = exports.openclip_csv(suite, scores)
-    elif args.format == "openclip_retrieval":
-        text = exports.openclip_retrieval_csv(con, suite, scores)
-    else:
-        if len(scores) != 1:
-            raise ConfigError(f"--format datacomp: DataComp's file holds one model; {len(scores)} have results "
-                              f"({', '.join(s.label for s in scores)}): choose one with --model")
-        text = exports.datacomp_jsonl(con, scores[0])
-    atomic_write_text(Path(out), text)
+    atomic_write_text(Path(out), written)
     print(f"wrote {out} ({len(scores)} model(s), suite {suite.name})")
     return 0
 
@@ -233,7 +243,7 @@ def run_check(args: argparse.Namespace) -> int:
 
     if args.bootstrap < 0:
         raise ConfigError("--bootstrap: give 0 (no intervals) or more resamples")
-    suite, _, scores = _scores(args, resamples=args.bootstrap)
+    suite, scores, _ = _scores(args, resamples=args.bootstrap)
     rows = check_published(suite, scores, Path(args.published))
     if args.format == "json":
         json.dump([{**r.__dict__, "difference": r.difference, "verdict": r.verdict} for r in rows], sys.stdout,

@@ -21,14 +21,24 @@ setting, so a query tool wired into dashboards can read the results and nothing 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 import pyarrow as pa
 
-from clipcache.storage.errors import ConfigError, ResultsError
+from clipcache.storage.errors import ClipcacheError, ConfigError, ResultsError
 from clipcache.storage.paths import AnyPath, as_path, is_remote, owning_store, url
-from clipcache.storage.results import TABLES, file_problem, physical_schema, published_files, warehouse_dir
+from clipcache.storage.results import (
+    COMPACTED_PREFIX,
+    TABLES,
+    file_problem,
+    physical_schema,
+    published_files,
+    warehouse_dir,
+)
 from clipcache.storage.sample_metadata import register_view as register_metadata_view
 
 # A leaderboard entry: one latest reference run is chosen per grain (dbt_reports/models/marts/latest_metrics.sql).
@@ -39,12 +49,29 @@ LEADERBOARD_COLUMNS = ("model", "pretrained", "checkpoint", "dataset", "split", 
 ALLOWED_STATEMENTS = ("SELECT", "EXPLAIN")
 
 
+# How often a read starts over when `results compact` replaced the files it was reading (each compaction replaces
+# them once; a read that loses this many races in a row reports it in one line).
+READ_ATTEMPTS = 50
+T = TypeVar("T")
+
+
+class FilesMoved(Exception):
+    """The files a connection lists were replaced by a compaction while it was being opened (internal: retried)."""
+
+
 class Warehouse:
     """A connection plus what was found while opening it (files left out because they cannot be read)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, damaged: dict[str, list[str]]):
+    def __init__(self, con: duckdb.DuckDBPyConnection, damaged: dict[str, list[str]],
+                 files: list[AnyPath] | None = None):
         self.con = con
         self.damaged = damaged  # table -> problems, one line each
+        self.files = files or []  # every file the views read
+
+    def moved(self) -> bool:
+        """True when a file the views read is gone: `results compact` (or `migrate`) replaced it since the
+        connection was opened, and its rows now live in a newer file (storage/compaction.py)."""
+        return any(not f.exists() for f in self.files)
 
     def problems_for(self, sql: str) -> list[str]:
         """Damaged files of the tables ``sql`` reads (the views built on metrics read the metric files)."""
@@ -64,12 +91,18 @@ DUCKDB_TYPES = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGI
                 pa.list_(pa.int32()): "INTEGER[]"}
 
 
-def _table_view(con: duckdb.DuckDBPyConnection, name: str, folder: AnyPath) -> list[str]:
-    """``CREATE VIEW name`` over the table's readable files; returns the problems of files it had to leave out.
-    Columns that no file has yet (files of an older release) read as typed nulls."""
+def _table_view(con: duckdb.DuckDBPyConnection, name: str, folder: AnyPath, listed: list[AnyPath]) -> list[str]:
+    """``CREATE VIEW name`` over the table's readable files (added to ``listed``); returns the problems of files it
+    had to leave out. Columns that no file has yet (files of an older release) read as typed nulls. FilesMoved when
+    a compaction removed a listed file meanwhile (its rows are in a file this listing may not have)."""
     schema: pa.Schema = TABLES[name]
     known = set(physical_schema(schema).names)
+    # the compacted files present before listing (damaged ones included): a later one means a compaction ran meanwhile
+    listed += folder.glob(f"{COMPACTED_PREFIX}*.parquet") if folder.exists() else []
     files, problems = published_files(folder, name)
+    if problems and _any_gone(folder, problems):
+        raise FilesMoved(name)
+    listed += files  # every file the view may read (those found damaged below are left out of the view only)
     checked = False
     while files:
         error: duckdb.Error | None = None
@@ -80,6 +113,8 @@ def _table_view(con: duckdb.DuckDBPyConnection, name: str, folder: AnyPath) -> l
             present = {row[0] for row in con.sql(f"DESCRIBE _{name}_files").fetchall()}
         except duckdb.Error as e:
             error = e
+        if error is not None and any(not f.exists() for f in files):
+            raise FilesMoved(name) from error
         # Find the culprits only now (in the common case no file is read twice): DuckDB could not read the files,
         # or one of them has a column clipcache never writes (a foreign file, whose rows would read as nulls).
         if not checked and (error is not None or present - known):
@@ -126,13 +161,46 @@ def _derived_views(con: duckdb.DuckDBPyConnection) -> None:
                 f"ORDER BY created_at DESC, run_id DESC) = 1")
 
 
+def _any_gone(folder: AnyPath, problems: list[str]) -> bool:
+    """Whether a problem (``<path>: why``) names a file that no longer exists: removed by a compaction, not
+    damaged."""
+    return not is_remote(folder) and any(not Path(p.split(": ", 1)[0]).exists() for p in problems)
+
+
+def _new_compactions(root: AnyPath, listed: list[AnyPath]) -> bool:
+    """A compacted file that the listing does not have: one published while the folders were being listed (a
+    directory listing is no snapshot, so its sources may have been missed too)."""
+    seen = {str(f) for f in listed}
+    return any(str(f) not in seen for name in TABLES for f in (root / name).glob(f"{COMPACTED_PREFIX}*.parquet"))
+
+
 def open_warehouse(output_dir: str | os.PathLike = "outputs", read_only: bool = False,
                    database: str = ":memory:") -> Warehouse:
-    con = duckdb.connect(database)
+    """The views over the files published now. Opening while `results compact` runs lists either the files before
+    it or those after it: a listing that a compaction changed meanwhile is made again."""
     root = warehouse_dir(output_dir)
+    for attempt in range(READ_ATTEMPTS):
+        con = duckdb.connect(database)
+        listed: list[AnyPath] = []
+        try:
+            return _open(con, root, read_only, listed)
+        except FilesMoved:
+            pass
+        except (duckdb.Error, ResultsError):  # DuckDB binds each view to its files: one may be gone by then
+            if not (any(not f.exists() for f in listed) or _new_compactions(root, listed)):
+                raise
+        con.close()
+        time.sleep(0.005 * (attempt + 1))
+    raise ResultsError(f"the result files under {root} kept changing while they were being read ({READ_ATTEMPTS} "
+                       f"tries): is a `clipcache results compact` running in a loop?")
+
+
+def _open(con: duckdb.DuckDBPyConnection, root: AnyPath, read_only: bool, listed: list[AnyPath]) -> Warehouse:
     if is_remote(root):  # DuckDB reads s3://, gs://, memory://... through the same fsspec filesystem we write with
         con.register_filesystem(root.fs)
-    damaged = {name: _table_view(con, name, root / name) for name in TABLES}
+    damaged = {name: _table_view(con, name, root / name, listed) for name in TABLES}
+    if _new_compactions(root, listed) or any(not f.exists() for f in listed):
+        raise FilesMoved(str(root))
     _derived_views(con)
     register_metadata_view(con, root)  # sample_metadata: per-sample group fields (storage/sample_metadata.py)
     if read_only:
@@ -140,18 +208,49 @@ def open_warehouse(output_dir: str | os.PathLike = "outputs", read_only: bool = 
         con.execute(f"SET allowed_directories = ['{prefix.replace(chr(39), chr(39) * 2)}']")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
-    return Warehouse(con, {k: v for k, v in damaged.items() if v})
+    return Warehouse(con, {k: v for k, v in damaged.items() if v}, listed)
+
+
+def read_consistently(output_dir: str | os.PathLike, read: Callable[[Warehouse], T], *,
+                      read_only: bool = False) -> T:
+    """``read(warehouse)``, started over on a fresh connection when it failed because `results compact` replaced
+    files it was reading (DuckDB's IOException on a removed file, or anything else while a listed file is gone):
+    every read sees the files before a compaction or those after it, never a traceback. ``read`` must fetch what
+    it needs (it may run more than once; nothing it returns may read the connection later)."""
+    for attempt in range(READ_ATTEMPTS):
+        warehouse = open_warehouse(output_dir, read_only=read_only)
+        try:
+            return read(warehouse)
+        except (duckdb.Error, ClipcacheError, OSError, pa.ArrowException):
+            if not warehouse.moved():
+                raise
+        time.sleep(0.005 * (attempt + 1))
+    raise ResultsError(f"the result files under {warehouse_dir(output_dir)} kept changing while they were being "
+                       f"read ({READ_ATTEMPTS} tries): is a `clipcache results compact` running in a loop?")
+
+
+def read_results(output_dir: str | os.PathLike, read: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+    """:func:`read_consistently` over :func:`connect`'s connection (a damaged result file is an error)."""
+    def checked(warehouse: Warehouse) -> T:
+        _raise_damaged(warehouse)
+        return read(warehouse.con)
+
+    return read_consistently(output_dir, checked)
 
 
 def connect(output_dir: str | os.PathLike = "outputs", database: str = ":memory:") -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with the views ``metrics``, ``metrics_all``, ``runs`` and ``leaderboard`` over the results
     under ``output_dir``. Raises ResultsError naming any result file that cannot be read."""
     warehouse = open_warehouse(output_dir, database=database)
+    _raise_damaged(warehouse)
+    return warehouse.con
+
+
+def _raise_damaged(warehouse: Warehouse) -> None:
     problems = [p for lines in warehouse.damaged.values() for p in lines]
     if problems:
         raise ResultsError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
                            + "; `clipcache results verify` lists every such file")
-    return warehouse.con
 
 
 def sql_statements(sql: str) -> list[duckdb.Statement]:
