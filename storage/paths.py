@@ -161,7 +161,7 @@ def owning_store(path: Path) -> tuple[str, Path] | None:
         entries = folder / "embeddings"
         if entries.is_dir() and (any((folder / m).is_dir() for m in CACHE_MARKERS)
                                  or next(entries.glob("*.zarr"), None) is not None):
-            return "an embedding cache", folder
+            return "the embedding cache", folder
         if folder.name == "warehouse" and any((folder / t).is_dir() for t in WAREHOUSE_TABLES):
-            return "a results warehouse", folder
+            return "the results warehouse", folder
     return None

@@ -113,6 +113,9 @@ def load_mieb(name: str, root: Path | None, split: str, language: str, hf_cache:
         _load(task, name, root, split)
     if hasattr(task, "convert_v1_dataset_format_to_v2"):  # retrieval tasks loaded in mteb's v1 form (the ViDoRe ones)
         task.convert_v1_dataset_format_to_v2(num_proc=None)  # what mteb's evaluate does first; a no-op otherwise
+    from clipcache.tasks.datasets.mieb_images import check_mieb_images
+
+    check_mieb_images(name, task.dataset, root)  # paths stay in root, bombs and junk are one line (issue #45)
     # features: mteb gets raw vectors (row x norm) and sums raw image + text, as its CLIP wrappers do; results made
     # from normalised vectors (before the image pool kept norms) are another experiment
     identity = {"mteb_task": name, "dataset": dict(meta.dataset), "hf_subset": subset,

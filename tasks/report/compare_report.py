@@ -50,23 +50,28 @@ def write_compare_report(output_dir: str | os.PathLike, baseline: str, candidate
                          out: str | os.PathLike | None = None, *, max_flips: int = MAX_FLIPS,
                          thumbnail_px: int = 96) -> Path:
     """Write the pages into ``out`` (default: ``<output_dir>/report/compare/<A>-vs-<B>``); returns its index.html."""
-    from clipcache.storage.warehouse import connect
+    from clipcache.storage.warehouse import read_results
     from clipcache.tasks.report.compare import paired_experiments
     from clipcache.tasks.report.flip_pages import PairPage
     from clipcache.tasks.report.flips import unit_flips
     from clipcache.tasks.report.sample_media import experiment_source
 
-    con = connect(output_dir)
-    pairs = paired_experiments(con, baseline, candidate)
-    sources = {e["experiment_id"]: experiment_source(con, e["experiment_id"]) for pair in pairs for e in pair}
+    def read(con: Any) -> tuple[list[Any], dict[str, Any], list[tuple[Any, Any, Any]]]:
+        """Everything the pages show, read from one view of the files (before or after a concurrent compaction)."""
+        pairs = paired_experiments(con, baseline, candidate)
+        sources = {e["experiment_id"]: experiment_source(con, e["experiment_id"]) for pair in pairs for e in pair}
+        flips = [(a, b, unit_flips(con, a["experiment_id"], b["experiment_id"], cap=max_flips, dataset=a["dataset"]))
+                 for a, b in pairs]
+        return pairs, sources, flips
+
+    _, sources, flips = read_results(output_dir, read)
     cache_dirs = tuple(sorted({str(s["config"]["cache_dir"]) for s in sources.values()
                                if s and s["config"].get("cache_dir")}))
     target = check_compare_folder(out or default_folder(output_dir, baseline, candidate), output_dir,
                                   cache_dirs=cache_dirs)
     pages: list[PairPage] = []
     skipped: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    for a, b in pairs:
-        units = unit_flips(con, a["experiment_id"], b["experiment_id"], cap=max_flips, dataset=a["dataset"])
+    for a, b, units in flips:
         if units:
             pages.append(PairPage(_page_name(a, len(pages)), a, b, units))
         else:

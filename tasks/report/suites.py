@@ -44,7 +44,7 @@ def write_suite_intervals(database: Path, output_dir: str | Path, *, resamples: 
     number of rows. Partial models get no row: they have no score, hence no interval and no rank."""
     import duckdb
 
-    from clipcache.storage.warehouse import connect
+    from clipcache.storage.warehouse import read_results
     from clipcache.tasks.suites import load_suite
     from clipcache.tasks.suites.scoring import score_suite
 
@@ -54,16 +54,18 @@ def write_suite_intervals(database: Path, output_dir: str | Path, *, resamples: 
                                "GROUP BY suite ORDER BY suite").fetchall()
         rows = []
         if complete:
-            warehouse = connect(output_dir)
-            for suite_name, models in complete:
-                suite = load_suite(suite_name)
-                for s in score_suite(warehouse, suite, resamples=resamples, seed=seed, models=list(models)):
+            suites = [(load_suite(name), list(models)) for name, models in complete]
+            # one consistent view of the files (started over if `results compact` replaced them meanwhile)
+            scored = read_results(output_dir, lambda warehouse: [
+                (suite, score_suite(warehouse, suite, resamples=resamples, seed=seed, models=models))
+                for suite, models in suites])
+            for suite, scores in scored:
+                for s in scores:
                     if not s.complete:
                         continue
                     why = sorted({f"{r.entry.dataset}: {r.why_no_draws}" for r in s.results if r.why_no_draws})
                     rows.append((suite.name, *s.model, s.rank, *s.score_ci, *s.normalized_ci,
                                  s.not_separable_from, "; ".join(why) or None))
-            warehouse.close()
         con.execute(f"CREATE OR REPLACE TABLE suite_intervals ({INTERVAL_COLUMNS})")
         if rows:
             con.executemany(f"INSERT INTO suite_intervals VALUES ({', '.join('?' for _ in rows[0])})", rows)
