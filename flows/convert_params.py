@@ -14,6 +14,7 @@ from pydantic import (
     PositiveInt,
     SecretStr,
     field_validator,
+    model_validator,
 )
 
 from clipcache.storage.errors import ConfigError
@@ -87,3 +88,13 @@ class ConvertParams(BaseModel):
         from clipcache.flows.params import local_folder
 
         return local_folder(value)
+
+    @model_validator(mode="after")
+    def _results_outside_the_cache(self) -> ConvertParams:
+        from clipcache.storage.paths import check_results_folder
+
+        try:
+            check_results_folder(self.output_dir, self.cache_dir)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        return self

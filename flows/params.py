@@ -305,14 +305,17 @@ class EvaluateParams(BaseModel):
 
     @model_validator(mode="after")
     def _output_outside_the_stores(self) -> EvaluateParams:
-        """clip_benchmark's --output pattern never names a folder in the warehouse or a cache (tasks/results.py)."""
-        if self.output is not None:
-            from clipcache.tasks.results import check_output_location
+        """Results never land in a cache: output_dir, and clip_benchmark's --output pattern (tasks/results.py)."""
+        from clipcache.storage.paths import check_results_folder
 
-            try:
+        try:
+            check_results_folder(self.output_dir, self.cache_dir)
+            if self.output is not None:
+                from clipcache.tasks.results import check_output_location
+
                 check_output_location(self.output, self.output_dir, self.cache_dir)
-            except ConfigError as e:
-                raise ValueError(str(e)) from None
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
         return self
 
     @model_validator(mode="after")

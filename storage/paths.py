@@ -165,3 +165,21 @@ def owning_store(path: Path) -> tuple[str, Path] | None:
         if folder.name == "warehouse" and any((folder / t).is_dir() for t in WAREHOUSE_TABLES):
             return "the results warehouse", folder
     return None
+
+
+def check_results_folder(output_dir: str | os.PathLike, cache_dir: str | os.PathLike | None,
+                         field: str = "output_dir") -> None:
+    """ConfigError when the local results folder lies inside an embedding cache (the one named by ``cache_dir`` or
+    any folder with a cache's layout): result files written there would land among the cache's entries."""
+    from clipcache.storage.errors import ConfigError
+
+    if is_url(output_dir):
+        return
+    resolved = Path(output_dir).resolve()
+    caches = [Path(cache_dir).resolve()] if cache_dir is not None and not is_url(cache_dir) else []
+    if (found := owning_store(resolved)) is not None and found[0] == "the embedding cache":
+        caches.append(found[1])
+    for cache in caches:
+        if resolved != cache and resolved.is_relative_to(cache):
+            raise ConfigError(f"{field}: {output_dir} is inside the embedding cache ({cache}); results written "
+                              f"there would land among its entries: choose a folder outside it")

@@ -163,3 +163,22 @@ def _number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+@pytest.mark.parametrize("where", ["an entry", "the entries folder", "a link into the cache"])
+def test_results_folders_never_lie_inside_the_cache(work, capsys, where):
+    """eval's and convert's --output_dir: result files would land among the cache's entries."""
+    from clipcache.flows.convert_params import ConvertParams
+    from clipcache.flows.params import validate
+    from clipcache.storage.errors import ConfigError
+
+    folder = {"an entry": entry(work) / "results", "the entries folder": work / "cache" / "embeddings",
+              "a link into the cache": _link(work / "links" / "into-cache", work / "cache" / "embeddings")}[where]
+    tree = Tree(work)
+    code, _, err = run_cli(["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "8", "--quiet",
+                            "--orchestrator", "local", "--output_dir", str(folder)], capsys)
+    assert_refused(code, err, "is inside the embedding cache")
+    with pytest.raises(ConfigError, match="is inside the embedding cache"):
+        validate(ConvertParams, {"models": [{"model_name": "m", "api_base": "http://127.0.0.1:9/v1"}],
+                                 "datasets": ["shapes"], "output_dir": str(folder)})
+    assert tree.changes() == (set(), set(), set())
