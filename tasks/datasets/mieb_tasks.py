@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from clipcache.storage.errors import DatasetError
+from clipcache.tasks.datasets.mieb_images import check_mieb_images
 from clipcache.tasks.datasets.source import DatasetRef, DatasetSource, OpenOptions, format_root
 
 PREFIX = "mieb:"
@@ -113,8 +114,6 @@ def load_mieb(name: str, root: Path | None, split: str, language: str, hf_cache:
         _load(task, name, root, split)
     if hasattr(task, "convert_v1_dataset_format_to_v2"):  # retrieval tasks loaded in mteb's v1 form (the ViDoRe ones)
         task.convert_v1_dataset_format_to_v2(num_proc=None)  # what mteb's evaluate does first; a no-op otherwise
-    from clipcache.tasks.datasets.mieb_images import check_mieb_images
-
     check_mieb_images(name, task.dataset, root)  # paths stay in root, bombs and junk are one line (issue #45)
     # features: mteb gets raw vectors (row x norm) and sums raw image + text, as its CLIP wrappers do; results made
     # from normalised vectors (before the image pool kept norms) are another experiment
@@ -143,6 +142,7 @@ def _load_aggregate(task: Any, name: str, root: Path | None, split: str, hf_cach
         part.filter_eval_splits([split])
         with datasets_cache(hf_cache):
             _load(part, part_name, part_root, split)
+        check_mieb_images(part_name, part.dataset, part_root)  # as for one task (below)
         count += sum(_count(part.dataset, split, subset) for subset in part.hf_subsets)
     task.metadata = meta.model_copy(update={"tasks": parts, "eval_splits": [split]})
     task.tasks, task.taskname_to_task = parts, {p.metadata.name: p for p in parts}
