@@ -53,8 +53,6 @@ def task_option(task: type[EvalTask], name: str, *also: type[EvalTask]) -> Any:
         if (shared.annotation, shared.default, shared.metadata) != (info.annotation, info.default, info.metadata):
             raise TypeError(f"{other.name} and {task.name} declare option {name!r} differently")
     info.description = f"{', '.join(t.name for t in (task, *also))}: {info.description}"
-    if isinstance(info.default, tuple):  # a task's immutable default, as the run parameter's list type
-        info.default = list(info.default)
     return info
 
 

@@ -64,7 +64,9 @@ class HostileServer:
 
 def send(handler: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
     handler.send_response(status)
-    headers = {"Content-Type": "application/json", "Content-Length": str(len(body)), **(headers or {})}
+    # the handler closes each connection after one answer, and says so: a client that reused it would race the close
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(body)), "Connection": "close",
+               **(headers or {})}
     for key, value in headers.items():
         handler.send_header(key, value)
     handler.end_headers()

@@ -27,10 +27,11 @@ def rewrite(store: EmbeddingStore, key: str, change) -> None:
     arrays = {name: entry.array(name) for name in entry.array_names()}
     change(arrays, meta)
     store.remove(key)
-    per_row = [n for n in arrays if n not in ("embeddings", "position", "norms") and n not in lengths]
+    per_row = [n for n in arrays if n not in ("embeddings", "position", "norms", "raw") and n not in lengths]
     aux = {n: AuxSpec(str(arrays[n].dtype), tuple(arrays[n].shape[1:])) for n in per_row}
     with store.writer(fields, kind, capacity=len(arrays["embeddings"]), aux=aux) as w:
-        w.add(arrays["embeddings"], arrays["position"], arrays.get("norms"), **{n: arrays[n] for n in per_row})
+        w.add(arrays["embeddings"], arrays["position"], arrays.get("norms"), arrays.get("raw"),
+              **{n: arrays[n] for n in per_row})
         w.finish(meta=meta, extra_arrays={n: arrays[n] for n in lengths})
 
 
@@ -47,7 +48,9 @@ def inf_row(arrays, meta):
 
 
 def other_dim(arrays, meta):
-    arrays["embeddings"] = np.ascontiguousarray(arrays["embeddings"][:, :-8])
+    for name in ("embeddings", "raw"):  # an entry that keeps the model's raw rows keeps them at its width
+        if name in arrays:
+            arrays[name] = np.ascontiguousarray(arrays[name][:, :-8])
 
 
 def other_count(arrays, meta):
