@@ -58,7 +58,8 @@ def add_param_flags(parser: argparse.ArgumentParser, model: Any, choices: dict[s
         kwargs: dict[str, Any] = {"help": text.replace("%", "%%") if text else text}
         if annotation is bool:
             kwargs.update(action="store_true", default=False)
-        elif typing.get_origin(annotation) is list:
+        elif typing.get_origin(annotation) is list or (typing.get_origin(annotation) is tuple
+                                                       and typing.get_args(annotation)[-1:] == (Ellipsis,)):
             kwargs.update(nargs="+", **_scalar(typing.get_args(annotation)[0]))
         else:
             kwargs.update(_scalar(annotation))

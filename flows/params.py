@@ -130,7 +130,7 @@ class EvaluateParams(BaseModel):
     reference_image: Literal["layout", "exclude", "keep"] = task_option(ComposedRetrieval, "reference_image")
     caption_source: str | None = task_option(Captioning, "caption_source")
     caption_references: str | None = task_option(Captioning, "caption_references")
-    caption_metrics: list[CaptionMetric] = task_option(Captioning, "caption_metrics")
+    caption_metrics: tuple[CaptionMetric, ...] = task_option(Captioning, "caption_metrics")
     caption_generation: Literal["top_k", "top_p", "beam_search"] = task_option(Captioning, "caption_generation")
     caption_seq_len: int = task_option(Captioning, "caption_seq_len")
     caption_top_p: float = task_option(Captioning, "caption_top_p")

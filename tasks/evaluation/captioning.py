@@ -56,10 +56,10 @@ class Captioning(EvalTask):
                                            "the cache, e.g. convert's), or a captions file (.json/.jsonl)")
         caption_references: str | None = Field(None, description="a references file (.json/.jsonl) replacing "
                                                "the dataset's captions as references")
-        caption_metrics: list[CaptionMetric] = Field(["bleu", "meteor", "rouge", "cider", "spice"], min_length=1,
-                                                     description="metric families: bleu, meteor, rouge, cider, "
-                                                     "spice (clip_benchmark's), clipscore (CLIPScore and "
-                                                     "RefCLIPScore with the run's model)")
+        caption_metrics: tuple[CaptionMetric, ...] = Field(
+            ("bleu", "meteor", "rouge", "cider", "spice"), min_length=1,
+            description="metric families: bleu, meteor, rouge, cider, spice (clip_benchmark's), clipscore (CLIPScore "
+            "and RefCLIPScore with the run's model)")
         # clip_benchmark calls generate() with its defaults (beam search), which open_clip 3.3.0 cannot run with
         # transformers 5 (tasks/evaluation/caption_sources.py): greedy top-k is the default here
         caption_generation: Literal["top_k", "top_p", "beam_search"] = Field(
