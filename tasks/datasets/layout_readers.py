@@ -57,13 +57,16 @@ def _wnid_present(name: str, entry: Entry, root: Path, split: str) -> bool:
 
 
 def _flickr_present(name: str, entry: Entry, root: Path, split: str) -> bool:
+    from clipcache.tasks.datasets.internvl_cn import is_cn_folder
     from clipcache.tasks.datasets.original_captions import is_flickr_folder
 
-    return is_flickr_folder(name, root)
+    return is_flickr_folder(name, root) or is_cn_folder(name, root)
 
 
 def _coco_present(name: str, entry: Entry, root: Path, split: str) -> bool:
-    return any(root.glob("coco_*_karpathy.json")) or (root / "val2014").is_dir()
+    from clipcache.tasks.datasets.internvl_cn import is_cn_folder
+
+    return any(root.glob("coco_*_karpathy.json")) or (root / "val2014").is_dir() or is_cn_folder(name, root)
 
 
 def _captions_json_present(name: str, entry: Entry, root: Path, split: str) -> bool:
@@ -146,6 +149,10 @@ def _imagefolder(name: str, entry: Entry, root: Path, split: str, limit: int | N
 
 def _flickr(name: str, entry: Entry, root: Path, split: str, limit: int | None, *, language: str = "en",
             annotation_file: str | None = None) -> EvalDataset:
+    if language == "cn":  # InternVL's fork: Flickr30K-CN
+        from clipcache.tasks.datasets.internvl_cn import load_flickr30k_cn
+
+        return load_flickr30k_cn(name, root, split, limit, annotation_file=annotation_file)
     from clipcache.tasks.datasets.original_captions import load_flickr
 
     return load_flickr(name, root, split, limit, language=language, annotation_file=annotation_file)
@@ -153,6 +160,10 @@ def _flickr(name: str, entry: Entry, root: Path, split: str, limit: int | None, 
 
 def _coco(name: str, entry: Entry, root: Path, split: str, limit: int | None, *, language: str = "en",
           annotation_file: str | None = None) -> EvalDataset:
+    if language == "cn":  # InternVL's fork: COCO-CN
+        from clipcache.tasks.datasets.internvl_cn import load_coco_cn
+
+        return load_coco_cn(name, root, split, limit, annotation_file=annotation_file)
     from clipcache.tasks.datasets.original_captions import load_coco_karpathy
 
     return load_coco_karpathy(name, root, split, limit, language=language, annotation_file=annotation_file)

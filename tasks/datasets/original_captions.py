@@ -44,19 +44,9 @@ class CaptionedImages(FolderImages):
         return {"format": "image-files", "images": memo.fingerprint(self.paths, root=self.root)}
 
 
-def load_flickr(name: str, root: Path, split: str, limit: int | None, *, language: str = "en",
-                annotation_file: str | None = None) -> CaptionedImages:
-    """clip_benchmark's Flickr reader: a header line, then ``<image>.jpg,<caption>`` lines (split at the first
-    ``.jpg,``); images in the order they first appear, each with its captions in file order; images under root."""
-    root = Path(root)
-    if language not in FLICKR_FILES:
-        raise DatasetError(f"language: {language!r} is not available for dataset {name!r} (available: "
-                           f"{', '.join(FLICKR_FILES)})")
-    file = FLICKR_FILES[language].format(name=name, split=split)
-    annotation = Path(annotation_file) if annotation_file else root / file
-    if not annotation.is_file():
-        raise DatasetError(f"dataset {name!r}: {annotation} not found (clip_benchmark downloads it from "
-                           f"{FLICKR_ANNOTATIONS.format(file=file)})")
+def read_flickr_captions(annotation: Path) -> dict[str, list[str]]:
+    """clip_benchmark's Flickr caption file: a header line, then ``<image>.jpg,<caption>`` lines (split at the first
+    ``.jpg,``); the images in the order they first appear, each with its captions in file order."""
     captions: dict[str, list[str]] = {}
     try:
         lines = annotation.read_text(encoding="utf-8").splitlines()[1:]
@@ -70,7 +60,23 @@ def load_flickr(name: str, root: Path, split: str, limit: int | None, *, languag
         if not sep:
             raise DatasetError(f"{annotation} line {n}: expected <image>.jpg,<caption>")
         captions.setdefault(image + ".jpg", []).append(caption)
-    items = list(captions.items())[:limit]
+    return captions
+
+
+def load_flickr(name: str, root: Path, split: str, limit: int | None, *, language: str = "en",
+                annotation_file: str | None = None) -> CaptionedImages:
+    """clip_benchmark's Flickr reader: a header line, then ``<image>.jpg,<caption>`` lines (split at the first
+    ``.jpg,``); images in the order they first appear, each with its captions in file order; images under root."""
+    root = Path(root)
+    if language not in FLICKR_FILES:
+        raise DatasetError(f"language: {language!r} is not available for dataset {name!r} (available: "
+                           f"{', '.join(FLICKR_FILES)})")
+    file = FLICKR_FILES[language].format(name=name, split=split)
+    annotation = Path(annotation_file) if annotation_file else root / file
+    if not annotation.is_file():
+        raise DatasetError(f"dataset {name!r}: {annotation} not found (clip_benchmark downloads it from "
+                           f"{FLICKR_ANNOTATIONS.format(file=file)})")
+    items = list(read_flickr_captions(annotation).items())[:limit]
     paths = [root / image for image, _ in items]
     missing = next((p for p in paths if not p.is_file()), None)
     if missing is not None:
@@ -94,6 +100,27 @@ def _read_json(path: Path, name: str) -> Any:
         raise DatasetError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from e
 
 
+def read_coco_captions(annotation: Path) -> tuple[dict[Any, str], dict[Any, list[str]]]:
+    """A caption file in COCO's format as pycocotools indexes it: each image id's ``file_name``, and its captions in
+    the order the file lists them (an image without captions has none)."""
+    data = _read_json(annotation, annotation.name)
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
+            or not isinstance(data.get("annotations"), list):
+        raise DatasetError(f"{annotation}: expected COCO's format, an object with 'images' and 'annotations' lists")
+    files: dict[Any, str] = {}
+    for n, image in enumerate(data["images"]):
+        if not isinstance(image, dict) or "id" not in image or not isinstance(image.get("file_name"), str):
+            raise DatasetError(f"{annotation}: images[{n}] needs an 'id' and a 'file_name'")
+        files[image["id"]] = image["file_name"]
+    captions: dict[Any, list[str]] = {i: [] for i in files}
+    for n, ann in enumerate(data["annotations"]):
+        if not isinstance(ann, dict) or not isinstance(ann.get("caption"), str) or ann.get("image_id") not in files:
+            raise DatasetError(f"{annotation}: annotations[{n}] needs a 'caption' and the 'image_id' of a listed "
+                               f"image")
+        captions[ann["image_id"]].append(ann["caption"])
+    return files, captions
+
+
 def load_coco_karpathy(name: str, root: Path, split: str, limit: int | None, *, language: str = "en",
                        annotation_file: str | None = None) -> CaptionedImages:
     """torchvision's ``CocoCaptions(root/<train2014|val2014>, annFile)``: images by ascending id, captions in the
@@ -109,21 +136,7 @@ def load_coco_karpathy(name: str, root: Path, split: str, limit: int | None, *, 
     if not annotation.is_file():
         raise DatasetError(f"dataset {name!r}: {annotation} not found (clip_benchmark downloads it from "
                            f"{FLICKR_ANNOTATIONS.format(file=annotation.name)})")
-    data = _read_json(annotation, name)
-    if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
-            or not isinstance(data.get("annotations"), list):
-        raise DatasetError(f"{annotation}: expected COCO's format, an object with 'images' and 'annotations' lists")
-    files: dict[Any, str] = {}
-    for n, image in enumerate(data["images"]):
-        if not isinstance(image, dict) or "id" not in image or not isinstance(image.get("file_name"), str):
-            raise DatasetError(f"{annotation}: images[{n}] needs an 'id' and a 'file_name'")
-        files[image["id"]] = image["file_name"]
-    captions: dict[Any, list[str]] = {i: [] for i in files}
-    for n, ann in enumerate(data["annotations"]):
-        if not isinstance(ann, dict) or not isinstance(ann.get("caption"), str) or ann.get("image_id") not in files:
-            raise DatasetError(f"{annotation}: annotations[{n}] needs a 'caption' and the 'image_id' of a listed "
-                               f"image")
-        captions[ann["image_id"]].append(ann["caption"])
+    files, captions = read_coco_captions(annotation)
     ids = sorted(files)[:limit]
     if not ids:
         raise DatasetError(f"dataset {name!r}: {annotation} lists no images")
