@@ -10,6 +10,10 @@ import json
 import sys
 from typing import Any
 
+MODEL_HELP = ("only these models, each named as `clipcache compare` takes one (as eval was given it: a name, "
+              "local-dir:PATH, a --pretrained file alone or as model@file, model@checkpoint, an experiment id "
+              "prefix; or model/pretrained)")
+
 
 def add_suite_parser(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("suite", help="suites of datasets (DataComp, VTAB, clip_benchmark collections) and their scores",
@@ -26,7 +30,7 @@ def add_suite_parser(sub: argparse._SubParsersAction) -> None:
     score = actions.add_parser("score", help="the suite's score per model, from the warehouse")
     score.add_argument("suite", help="a shipped suite's name or a suite .yaml file")
     score.add_argument("--output_dir", "--output-dir", dest="output_dir", default="outputs")
-    score.add_argument("--model", nargs="+", default=None, help="only these models (model or model/pretrained)")
+    score.add_argument("--model", nargs="+", default=None, help=MODEL_HELP)
     score.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (0: no intervals)")
     score.add_argument("--seed", type=int, default=0, help="the bootstrap's seed")
     score.add_argument("--format", choices=["table", "json"], default="table")
@@ -45,7 +49,7 @@ def add_suite_parser(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--cache_dir", "--cache-dir", dest="cache_dir", default="cache",
                         help="the embedding cache, which --out may not write into (default: cache; any folder with "
                              "a cache's layout is refused too)")
-    export.add_argument("--model", nargs="+", default=None, help="only these models (model or model/pretrained)")
+    export.add_argument("--model", nargs="+", default=None, help=MODEL_HELP)
     export.set_defaults(handler=run_export)
     check = actions.add_parser("check", help="a published table (open_clip's CSV, your paper's numbers) against "
                                              "our values and intervals")
@@ -55,6 +59,7 @@ def add_suite_parser(sub: argparse._SubParsersAction) -> None:
                                                           "internvl (InternVL's README numbers)")
     check.add_argument("--output_dir", "--output-dir", dest="output_dir", default="outputs")
     check.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of our intervals")
+    check.add_argument("--model", nargs="+", default=None, help=MODEL_HELP)
     check.add_argument("--format", choices=["table", "json"], default="table")
     check.set_defaults(handler=run_check)
 

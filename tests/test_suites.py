@@ -265,3 +265,37 @@ def test_a_published_table_is_checked_against_our_values_and_intervals(evaluated
     code, _, err = run_cli(["suite", "check", "shapes", "--published", str(published), "--output_dir",
                             str(evaluated)], capsys)
     assert_refused(code, err, "no column of")
+
+
+def test_model_filters_take_a_model_as_eval_took_it(evaluated, tmp_path, capsys):
+    """suite score / export / check --model resolve through compare's selectors: the folder as eval was given it
+    (local-dir:PATH or the path), an experiment id prefix; a name that fits nothing is refused in one line."""
+    perturbed = evaluated.parent / "perturbed"
+    base = next(s for s in score_suite(connect(evaluated), load_suite("shapes"), resamples=0)
+                if s.model[0] == "tiny-shapes-clip")
+    prefix = base.results[0].experiment_id[:10]
+    wanted = {f"local-dir:{perturbed}": "partial", str(perturbed): "partial", prefix: "tiny-shapes-clip",
+              "tiny-shapes-clip": "tiny-shapes-clip"}
+    for selector, model in wanted.items():
+        code, out, err = run_cli(["suite", "score", "shapes", "--output_dir", str(evaluated), "--format", "json",
+                                  "--bootstrap", "0", "--model", selector], capsys)
+        assert code == 0, (selector, err)
+        [payload] = json.loads(out)
+        assert (payload["model"] == "tiny-shapes-clip") == (model == "tiny-shapes-clip"), selector
+        assert payload["complete"] == (model == "tiny-shapes-clip")
+    csv = tmp_path / "one.csv"
+    code, _, err = run_cli(["suite", "export", "shapes", "--format", "openclip", "--out", str(csv), "--output_dir",
+                            str(evaluated), "--model", f"local-dir:{perturbed}"], capsys)
+    assert code == 0, err
+    assert len(csv.read_text().splitlines()) == 2 and "tiny-shapes-clip" not in csv.read_text()
+    published = tmp_path / "paper.csv"
+    published.write_text("name,pretrained,Shapes\ntiny-shapes-clip,,50.0\n")
+    for selector, rows in ((prefix, 1), (str(perturbed), 0)):
+        code, out, err = run_cli(["suite", "check", "shapes", "--published", str(published), "--output_dir",
+                                  str(evaluated), "--format", "json", "--bootstrap", "0", "--model", selector],
+                                 capsys)
+        assert code == 0 and len(json.loads(out)) == rows, (selector, err)
+    for command in (["score"], ["export", "--format", "openclip", "--out", str(csv)]):
+        code, _, err = run_cli(["suite", command[0], "shapes", *command[1:], "--output_dir", str(evaluated),
+                                "--model", str(tmp_path / "nothing")], capsys)
+        assert_refused(code, err, "names no model with results here")

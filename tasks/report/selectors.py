@@ -38,6 +38,30 @@ def select(found: list[dict[str, Any]], selector: str) -> list[dict[str, Any]]:
     return named
 
 
+def keep_models(rows: list[dict[str, Any]], selectors: list[str] | None, *,
+                option: str = "--model") -> list[dict[str, Any]]:
+    """The rows (with experiment_id, model, pretrained, checkpoint) of the models ``selectors`` name, each as
+    :func:`select` takes it (or as ``model/pretrained``, the form these filters took first); every row of a named
+    model is kept, not just the named experiment. A name that fits no model here, or several, is refused in one
+    line; no selectors keep every row."""
+    if not selectors:
+        return rows
+    found = list({e["experiment_id"]: e for e in rows}.values())
+    keys: set[tuple[Any, ...]] = set()
+    for selector in selectors:
+        named = select(found, selector) or [e for e in found if f"{e['model']}/{e['pretrained']}" == selector]
+        if not named:
+            shown = sorted({e["model"] for e in found})
+            raise ConfigError(f"{option} {selector!r} names no model with results here (models: "
+                              f"{', '.join(shown[:8]) or 'none'}{' ...' if len(shown) > 8 else ''})")
+        keys |= {_model_key(e) for e in named}
+    return [row for row in rows if _model_key(row) in keys]
+
+
+def _model_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    return row["model"], row["pretrained"], row["checkpoint"]
+
+
 def _as_given(found: list[dict[str, Any]], selector: str) -> list[dict[str, Any]]:
     """The experiments of the model ``selector`` names as ``eval`` was given it (a spec, a folder, a file)."""
     identities = [identity for identity in _resolved(selector) if identity is not None]

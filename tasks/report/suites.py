@@ -57,7 +57,7 @@ def write_suite_intervals(database: Path, output_dir: str | Path, *, resamples: 
             suites = [(load_suite(name), list(models)) for name, models in complete]
             # one consistent view of the files (started over if `results compact` replaced them meanwhile)
             scored = read_results(output_dir, lambda warehouse: [
-                (suite, score_suite(warehouse, suite, resamples=resamples, seed=seed, models=models))
+                (suite, score_suite(warehouse, suite, resamples=resamples, seed=seed, model_names=models))
                 for suite, models in suites])
             for suite, scores in scored:
                 for s in scores:

@@ -24,6 +24,7 @@ interval is then left out and the reason given, never replaced by a narrower one
 from __future__ import annotations
 
 import zlib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -251,13 +252,17 @@ def _group_draws(con: Any, result: DatasetResult, found: tuple[str, str | None],
 
 
 def score_suite(con: Any, suite: Suite, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
-                models: list[str] | None = None) -> list[ModelScore]:
-    """One :class:`ModelScore` per model with a result on some dataset of the suite, ranked when complete."""
+                models: list[str] | None = None, model_names: Collection[str] | None = None) -> list[ModelScore]:
+    """One :class:`ModelScore` per model with a result on some dataset of the suite, ranked when complete. ``models``:
+    only the models these words name, as ``compare`` takes a model (tasks/report/selectors.py; a name that fits none
+    or several is refused); ``model_names``: only models of these names as results store them."""
+    from clipcache.tasks.report.selectors import keep_models
+
     by_model: dict[ModelKey, list[dict[str, Any]]] = {}
-    for row in _leaderboard_rows(con, suite):
-        key = (row["model"], row["pretrained"], row["checkpoint"], row["precision"])
-        if models and row["model"] not in models and f"{row['model']}/{row['pretrained']}" not in models:
+    for row in keep_models(_leaderboard_rows(con, suite), models):
+        if model_names is not None and row["model"] not in model_names:
             continue
+        key = (row["model"], row["pretrained"], row["checkpoint"], row["precision"])
         by_model.setdefault(key, []).append(row)
     scores = []
     for key, rows in sorted(by_model.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
