@@ -3,10 +3,12 @@ the JSON, and `clipcache compare` pairs two checkpoints sample by sample (its fl
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
 import pytest
+from test_experiments import ARCH, checkpoints  # noqa: F401 (a fixture)
 
 from clipcache.storage.warehouse import connect
 
@@ -168,3 +170,35 @@ def test_compare_table_keeps_metric_names_whole_in_80_columns(work, capsys, monk
     names = [f"{d}_retrieval_recall@{k}" for d in ("image", "text") for k in (1, 5, 10)]
     at = [out.index(name) for name in names]  # each whole, in reading order
     assert at == sorted(at) and "…" not in out
+
+
+def test_a_pretrained_checkpoint_file_names_its_experiment(checkpoints, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """Two checkpoint files of one open_clip architecture, both epoch_32.safetensors, each evaluated by its own
+    `eval --pretrained FILE`: the file as typed (a relative path here) and ARCH@FILE name its experiment, found by
+    the file's content; the architecture alone fits both and is refused with the two in one line."""
+    from clipcache.flows.cli import main
+
+    arch, files = checkpoints
+    out = ["--output_dir", str(tmp_path / "out")]
+    for file in files:
+        assert main(["eval", "--model", ARCH, "--arch_config", str(arch), "--pretrained", str(file), *COMMON,
+                     "--limit", "100", *out, "--cache_dir", str(tmp_path / "cache")]) == 0
+    experiment_of = dict(connect(tmp_path / "out").execute(
+        "SELECT DISTINCT checkpoint, experiment_id FROM metrics").fetchall())
+    a, b = (experiment_of[f"sha256:{hashlib.sha256(f.read_bytes()).hexdigest()}"] for f in files)
+    assert a != b
+    import open_clip
+
+    # as in a later process: the architecture eval registered from --arch_config is unknown to compare
+    monkeypatch.delitem(open_clip.factory._MODEL_CONFIGS, ARCH)
+    monkeypatch.chdir(tmp_path)
+    typed = [str(f.relative_to(tmp_path)) for f in files]  # run_a/epoch_32.safetensors, as a user types it
+    for baseline, candidate in ((typed[0], typed[1]), (f"{ARCH}@{files[1]}", f"{ARCH}@{typed[0]}")):
+        code, text, err = run_cli(["compare", "--baseline", baseline, "--candidate", candidate, *out, "--format",
+                                   "json"], capsys)
+        assert code == 0, (baseline, candidate, err)
+        pairs = {(r["baseline_experiment"], r["candidate_experiment"]) for r in json.loads(text)}
+        assert pairs == ({(a, b)} if baseline == typed[0] else {(b, a)})
+    code, _, err = run_cli(["compare", "--baseline", typed[0], "--candidate", ARCH, *out], capsys)
+    assert_refused(code, err, f"{ARCH!r} names 2 models")
+    assert err.strip().count("\n") == 0 and err.count(f"{ARCH}@epoch_32.safetensors@") == 2

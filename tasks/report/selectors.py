@@ -82,12 +82,15 @@ def _resolved(selector: str) -> list[tuple[str, str] | None]:
     if sep and model and pretrained:
         candidates.append((model, pretrained))
     out: list[tuple[str, str] | None] = [_identity(name, pretrained) for name, pretrained in candidates]
-    path = Path(selector).expanduser()
-    if path.is_file():
-        from clipcache.storage.hashing import FileHashMemo
-        from clipcache.tasks.models.loader import file_checkpoint
+    # a checkpoint file is its content whether or not this process knows the architecture (one eval registered
+    # with --arch_config is unknown to a later compare)
+    for file in (selector, pretrained if sep and model else None):
+        path = Path(file).expanduser() if file else None
+        if path is not None and path.is_file():
+            from clipcache.storage.hashing import FileHashMemo
+            from clipcache.tasks.models.loader import file_checkpoint
 
-        out.append((file_checkpoint(path, FileHashMemo(None))[0], ""))
+            out.append((file_checkpoint(path, FileHashMemo(None))[0], ""))
     return out
 
 
