@@ -202,3 +202,26 @@ def test_a_pretrained_checkpoint_file_names_its_experiment(checkpoints, tmp_path
     code, _, err = run_cli(["compare", "--baseline", typed[0], "--candidate", ARCH, *out], capsys)
     assert_refused(code, err, f"{ARCH!r} names 2 models")
     assert err.strip().count("\n") == 0 and err.count(f"{ARCH}@epoch_32.safetensors@") == 2
+
+
+def test_model_filters_keep_every_row_of_the_models_named():
+    """keep_models (the --model filters): a model's name, model/pretrained as before, an experiment id keep all the
+    rows of that model; a name that fits two models or none is refused in one line."""
+    from clipcache.storage.errors import ConfigError
+    from clipcache.tasks.report.selectors import keep_models
+
+    def row(experiment, model, pretrained, checkpoint):
+        return {"experiment_id": experiment, "model": model, "pretrained": pretrained, "checkpoint": checkpoint}
+
+    rows = [row("aa11", "m", "x", "sha256:1"), row("aa12", "m", "x", "sha256:1"), row("bb21", "m", "y", "sha256:2"),
+            row("cc31", "n", None, "random")]
+    assert keep_models(rows, None) == rows
+    assert keep_models(rows, ["m/x"]) == rows[:2] == keep_models(rows, ["m@x"]) == keep_models(rows, ["aa12"])
+    assert keep_models(rows, ["n", "bb"]) == rows[2:]
+    with pytest.raises(ConfigError, match=r"^'m' names 2 models: m@x; m@y \(give one as model@checkpoint") as e:
+        keep_models(rows, ["m"])
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"^'aa1' is the start of 2 experiment ids: aa11, aa12"):
+        keep_models(rows, ["aa1"])
+    with pytest.raises(ConfigError, match=r"^--model 'o' names no model with results here \(models: m, n\)$"):
+        keep_models(rows, ["o"])
