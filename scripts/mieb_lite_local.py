@@ -8,7 +8,8 @@ and seconds, then the count. A coverage check, not a parity test (tests/test_mie
     .venv/bin/python scripts/mieb_lite_local.py [--n 12] [--only TASK ...]
 
 The suite's 7 clip_benchmark zero-shot datasets (cifar100, ...) are read by clipcache's own readers (torchvision
-and webdataset layouts) and are not built here.
+and webdataset layouts) and are not built here: scripts/mieb_lite_suite.py builds them and runs all 51 tasks through
+the command line, suite score and the mteb export.
 """
 
 from __future__ import annotations
