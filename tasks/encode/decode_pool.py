@@ -169,9 +169,10 @@ class DecodePool:
                 self.stats.pins += ring.pinned
             for worker in self.workers:
                 # the parent's import path now (a plugin or reader imported since the pool started may have added
-                # to it), so the worker can unpickle what the job names
-                self._send(worker, ("job", job, payload, shape, dtype.str, slots, rows, list(sys.path), ring.number),
-                           (), dataset, None)
+                # to it), so the worker can unpickle what the job names; and its working directory now, against
+                # which a dataset's relative paths resolve (the pool outlives a chdir of the process)
+                self._send(worker, ("job", job, payload, shape, dtype.str, slots, rows, list(sys.path), ring.number,
+                                    os.getcwd()), (), dataset, None)
             yield from self._run(job, dataset, ranges, ring.view(slots, rows, shape, dtype), prefetch)
             for worker in self.workers:
                 self._send(worker, ("end", job), (), dataset, None)

@@ -8,7 +8,7 @@ parent maps too, and answers with the positions decoded and the bad images' mess
 Messages are pickled tuples with a 4-byte length prefix on a Unix socket pair; the ring's memory file descriptor
 travels as SCM_RIGHTS ancillary data with the ring message, once per ring (the pool keeps one ring for every encode
 that fits in it). Parent -> worker: ``("ring", ring, nbytes)`` (+ the fd), ``("job", job, payload, shape, dtype,
-slots, rows, path, ring)``, ``("batch", job, seq, slot, lo, hi)``, ``("end", job)``, ``("ping",)``, ``("stop",)``.
+slots, rows, path, ring, cwd)``, ``("batch", job, seq, slot, lo, hi)``, ``("end", job)``, ``("ping",)``, ``("stop",)``.
 Worker -> parent: ``("ready", pid)``, ``("done", job, seq, slot, positions, errors)``, ``("failed", job, seq,
 traceback)``, ``("pong", modules)``. End of file on the socket means the other side is gone.
 """
@@ -139,8 +139,9 @@ def main(fd: int) -> None:
                 _, job_id, *rest = message
                 try:
                     if kind == "job":
-                        payload, shape, dtype, slots, rows, path, ring = rest
+                        payload, shape, dtype, slots, rows, path, ring, cwd = rest
                         sys.path.extend(p for p in path if p not in sys.path)
+                        os.chdir(cwd)
                         jobs[job_id] = _Job(payload, shape, dtype, slots, rows, rings[ring])
                         continue
                     seq, slot, lo, hi = rest
