@@ -264,7 +264,7 @@ def build(task: Any, root: Path, n: int) -> None:
         retrieval(task, root, n, both=any("dataset_transform" in c.__dict__ for c in type(task).__mro__
                                           if not c.__name__.startswith("AbsTask")))
     else:
-        raise NotImplementedError(f"no local layout for {base}")
+        raise ValueError(f"{name}: this script builds no local layout for mteb tasks of type {base}")
 
 
 def main() -> int:
