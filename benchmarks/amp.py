@@ -136,7 +136,7 @@ def parity(args: argparse.Namespace) -> None:
             theirs_file, ours_file = work / f"cb_{kind}.json", work / f"ours_{kind}.json"
             peer_s = run([sys.executable, "-m", "clip_benchmark.cli", "eval", "--model", f"local-dir:{MODEL}",
                           "--pretrained", "", "--num_workers", "1", *common, "--output", str(theirs_file)], env, work)
-            ours_s = run([sys.executable, "-m", "clipcache.flows.cli", "eval", "--model", "tiny-shapes-clip", *common,
+            ours_s = run([sys.executable, "-m", "clipcache.flows.cli.app", "eval", "--model", "tiny-shapes-clip", *common,
                           "--amp", "--device", device, "--num_workers", "2", "--output", str(ours_file),
                           "--output_dir", str(work / "out"), "--cache_dir", str(work / "cache"), "--quiet",
                           "--bootstrap", "0"], env, work)

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def clipcache(args: list[str], work: Path, env: dict[str, str], expect: str | None = None) -> str:
-    command = [sys.executable, "-m", "clipcache.flows.cli", *args]
+    command = [sys.executable, "-m", "clipcache.flows.cli.app", *args]
     print(f"$ clipcache {' '.join(args)}", flush=True)
     started = time.perf_counter()
     done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)

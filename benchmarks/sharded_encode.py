@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from clipcache.flows import runtime  # noqa: E402
+from clipcache.flows.orchestration import runtime  # noqa: E402
 
 runtime.configure()  # before Prefect is imported: offline, quiet, project-local state
 
@@ -30,8 +30,8 @@ import numpy as np  # noqa: E402
 from prefect import flow, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from clipcache.flows.params import EvaluateParams  # noqa: E402
-from clipcache.flows.scaleout import ShardedEncoder, open_task_runner  # noqa: E402
+from clipcache.flows.config.params import EvaluateParams  # noqa: E402
+from clipcache.flows.orchestration.scaleout import ShardedEncoder, open_task_runner  # noqa: E402
 from clipcache.storage.embedding_store import EmbeddingStore  # noqa: E402
 from clipcache.storage.hashing import FileHashMemo  # noqa: E402
 from clipcache.tasks.encode.sharded import plan_shards  # noqa: E402

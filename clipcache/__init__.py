@@ -22,11 +22,11 @@ def run_task(task_cfg: dict[str, Any] | str) -> list[dict[str, Any]]:
 
     ``tool: clip_benchmark`` with ``task: image_caption`` runs the convert flow (BEIR files); ``tool: mteb`` runs
     text retrieval on its ``custom_tasks`` folders; any other clip_benchmark task the evaluate flow."""
-    from clipcache.flows import launch, runtime
+    from clipcache.flows.orchestration import launch, runtime
 
     runtime.configure()
-    from clipcache.flows.convert_params import ConvertParams
-    from clipcache.flows.evalscope import parse_task_config
+    from clipcache.flows.config.convert_params import ConvertParams
+    from clipcache.flows.config.evalscope import parse_task_config
 
     out: list[dict[str, Any]] = []
     for params in parse_task_config(task_cfg):  # every run is validated before the first starts

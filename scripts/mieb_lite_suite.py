@@ -129,7 +129,7 @@ def clip_benchmark_set(dataset: str, root: Path, n: int) -> None:
 
 
 def cli(*args: str) -> str:
-    run = subprocess.run([sys.executable, "-m", "clipcache.flows.cli", *args], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "clipcache.flows.cli.app", *args], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
     if run.returncode:
         raise SystemExit(f"clipcache {args[0]} failed ({run.returncode}): {run.stderr.strip()[-2000:]}")

@@ -36,7 +36,7 @@ class EntryInfo:
     role: str = "-"  # image, caption, prompt, corpus, query, corpus_image ... (its key fields' role)
     dataset_format: str = ""  # the dataset identity's format (wds, selection:..., any2any, beir...)
     arrays: tuple[str, ...] = ()  # arrays beside the embeddings (target, position, caption_row...)
-    tasks: tuple[str, ...] = ()  # filled by the caller that knows the tasks (flows/cli_cache.py)
+    tasks: tuple[str, ...] = ()  # filled by the caller that knows the tasks (flows/cli/cache.py)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -361,7 +361,7 @@ def test_bad_api_flags_are_one_line_before_any_work(argv, phrase, tmp_path, caps
 
 
 def test_api_flags_go_only_to_api_models_of_a_product(tmp_path):
-    from clipcache.flows.cli import build_parser, params_from_args
+    from clipcache.flows.cli.app import build_parser, params_from_args
 
     args = build_parser("eval").parse_args(["eval", "--model", "api:m", "tiny-shapes-clip", "--api_base",
                                             "http://h/v1", "--api_rpm", "40", "--dataset", "shapes"])
@@ -370,7 +370,7 @@ def test_api_flags_go_only_to_api_models_of_a_product(tmp_path):
 
 
 def test_evalscope_model_entries_take_the_same_keys():
-    from clipcache.flows.evalscope import to_evaluate_params
+    from clipcache.flows.config.evalscope import to_evaluate_params
 
     cfg = {"eval_backend": "RAGEval", "eval_config": {"tool": "clip_benchmark", "eval": {
         "models": [{"model_name": "api:m", "api_base": "http://h/v1", "api_revision": "2025-06-01", "api_tpm": 1000}],

@@ -45,8 +45,8 @@ def beir(tmp_path_factory, prefect_server) -> Path:
     """BEIR data as ``convert`` writes it: 12 shapes images captioned by the local VLM server (corpus = captions)."""
     from fake_vlm_server import FakeVLMServer
 
-    from clipcache.flows.convert import convert
-    from clipcache.flows.convert_params import ConvertParams
+    from clipcache.flows.config.convert_params import ConvertParams
+    from clipcache.flows.orchestration.flows import convert
 
     from conftest import write_image_queries
 

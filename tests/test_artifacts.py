@@ -15,8 +15,8 @@ def read_artifacts(key: str) -> list:
 
 
 def test_evaluate_publishes_a_metrics_table_and_a_summary(prefect_server, tmp_path):
-    from clipcache.flows.evaluate import evaluate
-    from clipcache.flows.params import EvaluateParams
+    from clipcache.flows.config.params import EvaluateParams
+    from clipcache.flows.orchestration.flows import evaluate
 
     [result] = evaluate(EvaluateParams(models=[{"model_name": "tiny-shapes-clip"}], datasets=["shapes"], limit=20,
                                        output_dir=str(tmp_path / "o"), cache_dir=str(tmp_path / "c"), verbose=False))
@@ -24,7 +24,7 @@ def test_evaluate_publishes_a_metrics_table_and_a_summary(prefect_server, tmp_pa
     assert len(tables) == 1 and tables[0].type == "table"
     rows = tables[0].data if isinstance(tables[0].data, list) else json.loads(tables[0].data)
     assert {r["metric"] for r in rows} == {"acc1", "acc5", "mean_per_class_recall"}
-    from clipcache.flows.console import format_value
+    from clipcache.flows.cli.console import format_value
 
     # the same cells as the CLI table: 4 decimals, the same cache words
     assert {r["metric"]: r["value"] for r in rows} == {k: format_value(v) for k, v in result.metrics.items()}
@@ -41,10 +41,10 @@ def test_clipcache_log_lines_reach_the_runs_logs_with_tasks_named_by_model_and_d
     from prefect.client.schemas.sorting import FlowRunSort
     from prefect.logging.handlers import APILogHandler
 
-    from clipcache.flows.evaluate import rescore
-    from clipcache.flows.params import EvaluateParams
-    from clipcache.flows.pipeline import run_evaluation
-    from clipcache.flows.stages import LocalStages
+    from clipcache.flows.config.params import EvaluateParams
+    from clipcache.flows.orchestration.flows import rescore
+    from clipcache.flows.orchestration.pipeline import run_evaluation
+    from clipcache.flows.orchestration.stages import LocalStages
 
     params = EvaluateParams(models=[{"model_name": "tiny-shapes-clip"}], datasets=["shapes"], limit=20,
                             output_dir=str(tmp_path / "o"), cache_dir=str(tmp_path / "c"), verbose=False)

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from clipcache.flows.cli import main
-from clipcache.flows.evaluate import evaluate, rescore
-from clipcache.flows.params import EvaluateParams
+from clipcache.flows.config.params import EvaluateParams
+from clipcache.flows.orchestration.flows import evaluate, rescore
 from clipcache.storage.embedding_store import EmbeddingStore, entry_key
 from clipcache.storage.errors import CacheIntegrityError, ClipcacheError
 from clipcache.storage.hashing import FileHashMemo

@@ -37,7 +37,7 @@ TINY_COCA = {  # open_clip's coca_ViT-B-32 shrunk (same towers and vocabulary, 1
 
 
 def session_for(model: str):
-    from clipcache.flows.pipeline import prepare_model
+    from clipcache.flows.orchestration.pipeline import prepare_model
 
     return prepare_model(ModelSpec(model_name=model), FileHashMemo(None), "cpu", False, None)
 

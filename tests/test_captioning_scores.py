@@ -98,7 +98,7 @@ def test_a_captions_file_missing_an_image_is_one_clear_error(shapes_clip):
 def test_converts_vlm_captions_are_scored_without_calling_the_vlm(shapes_clip, tmp_path):
     """The captions a VLM wrote through convert (its caption cache) scored against the dataset's references as an
     experiment of their own: the VLM is asked once, by convert, never by the scoring."""
-    from clipcache.flows.conversion import caption_dataset
+    from clipcache.flows.orchestration.conversion import caption_dataset
     from clipcache.storage.caption_cache import caption_setups
     from clipcache.tasks.convert.captioner import CaptionSettings
     from clipcache.tasks.progress import StageProgress

@@ -66,8 +66,8 @@ def test_eval_writes_every_output_and_second_run_is_a_cache_hit(prefect_server, 
 
 
 def test_flow_reports_zero_model_loads_on_a_warm_cache(prefect_server, dirs):
-    from clipcache.flows.evaluate import evaluate
-    from clipcache.flows.params import EvaluateParams
+    from clipcache.flows.config.params import EvaluateParams
+    from clipcache.flows.orchestration.flows import evaluate
 
     params = EvaluateParams(models=[{"model_name": "tiny-shapes-clip"}], datasets=["shapes"], limit=30,
                             output_dir=str(dirs["out"]), cache_dir=str(dirs["cache"]), verbose=False)

@@ -1,4 +1,4 @@
-"""The eval / rescore flags from their stored description (flows/eval_flags.json) equal the live parameter models'
+"""The eval / rescore flags from their stored description (flows/cli/eval_flags.json) equal the live parameter models'
 and parse alike; `eval --help` and a bad name import nothing heavy; no help text of any subcommand shows a doubled
 ``%%``."""
 
@@ -12,16 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from clipcache.flows import cli, cli_flags
+from clipcache.flows.cli import app as cli
+from clipcache.flows.cli import flags as cli_flags
 
 REPO = Path(__file__).resolve().parent.parent
-HEAVY = ("torch", "pydantic", "prefect", "clipcache.flows.params", "clipcache.tasks.contract", "numpy", "open_clip",
+HEAVY = ("torch", "pydantic", "prefect", "clipcache.flows.config.params", "clipcache.tasks.contract", "numpy", "open_clip",
          "rich.console")
 
 
 def test_stored_description_equals_the_live_models():
     assert cli_flags.stored_description() == cli_flags.live_description(), (
-        "flows/eval_flags.json is stale: run `PYTHONPATH=$PWD .venv/bin/python -m clipcache.flows.cli_flags`")
+        "flows/cli/eval_flags.json is stale: run `PYTHONPATH=$PWD .venv/bin/python -m clipcache.flows.cli.flags`")
 
 
 def live_parser() -> argparse.ArgumentParser:

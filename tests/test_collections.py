@@ -8,7 +8,7 @@ import json
 import pytest
 from clip_benchmark.datasets.builder import dataset_collection
 
-from clipcache.flows.params import EvaluateParams
+from clipcache.flows.config.params import EvaluateParams
 from clipcache.storage.errors import ConfigError
 from clipcache.tasks.datasets import catalog
 from clipcache.tasks.datasets.collections import canonical, dataset_collections
@@ -37,7 +37,7 @@ def test_a_file_of_names_mixed_with_names_and_collections(tmp_path):
     assert "vtab_cifar10" in catalog()
     (tmp_path / "empty.txt").write_text("\n# nothing\n")
     with pytest.raises(ConfigError, match="datasets: .*empty.txt lists no dataset names"):
-        from clipcache.flows.params import validate
+        from clipcache.flows.config.params import validate
 
         validate(EvaluateParams, {"models": [{"model_name": "tiny-shapes-clip"}],
                                   "datasets": [str(tmp_path / "empty.txt")]})

@@ -75,8 +75,8 @@ def test_seed_config_runs_unchanged_and_beir_loads_it(prefect_server, vlm, muge_
 
 
 def convert(tmp_path, api_base, data_dir, **model):
-    from clipcache.flows.convert import convert as convert_flow
-    from clipcache.flows.convert_params import ConvertParams
+    from clipcache.flows.config.convert_params import ConvertParams
+    from clipcache.flows.orchestration.flows import convert as convert_flow
 
     spec = {"model_name": "captioner", "api_base": api_base, "api_key": SECRET, "max_retries": 3, **model}
     params = ConvertParams(models=[spec], datasets=["custom"], dataset_root=str(data_dir), verbose=False,

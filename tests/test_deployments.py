@@ -100,7 +100,7 @@ def _metric_rows(out: Path) -> dict[str, int]:
 
 
 def test_repo_prefect_yaml_declares_the_three_deployments():
-    from clipcache.flows.deployments import runner_deployments
+    from clipcache.flows.orchestration.deployments import runner_deployments
 
     deployments = {d.name: d for d in runner_deployments(REPO / "prefect.yaml")}
     assert sorted(deployments) == ["convert", "nightly-evaluate", "report"]
@@ -115,7 +115,7 @@ def test_repo_prefect_yaml_declares_the_three_deployments():
 def test_every_file_prefect_yaml_names_exists_and_the_suite_validates():
     import importlib.util
 
-    from clipcache.flows.deployments import load_suite, read_deployments
+    from clipcache.flows.orchestration.deployments import load_suite, read_deployments
 
     named, modules = [], []
     for d in read_deployments(REPO / "prefect.yaml"):
@@ -131,7 +131,7 @@ def test_every_file_prefect_yaml_names_exists_and_the_suite_validates():
 
 
 def test_suite_errors_name_the_file_and_field(tmp_path):
-    from clipcache.flows.deployments import load_suite
+    from clipcache.flows.orchestration.deployments import load_suite
     from clipcache.storage.errors import ConfigError
 
     bad = tmp_path / "bad.yaml"
@@ -192,7 +192,7 @@ def test_clipcache_serve_turns_a_cron_schedule_into_runs(prefect_api, tmp_path):
     suite = _suite(tmp_path, ["shapes"])
     prefect_file = tmp_path / "prefect.yaml"
     prefect_file.write_text(yaml.safe_dump({"deployments": [{
-        "name": "every-minute", "entrypoint": f"{REPO}/flows/deployments.py:evaluate_suite",
+        "name": "every-minute", "entrypoint": f"{REPO}/flows/orchestration/flows.py:evaluate_suite",
         "parameters": {"params": {"suite": str(suite)}}, "schedules": [{"cron": "* * * * *", "timezone": "UTC"}]}]}))
     env = _env(tmp_path / "client-home", prefect_api, PREFECT_RUNNER_POLL_FREQUENCY="1")
     serve = subprocess.Popen([str(BIN / "clipcache"), "serve", "--prefect_file", str(prefect_file)], env=env,

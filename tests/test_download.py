@@ -134,7 +134,7 @@ def test_datasets_and_models_commands(hub, tmp_path, capsys):
 
 
 def test_readme_catalog_table_is_generated_from_the_catalog():
-    from clipcache.flows.cli_catalog import markdown_table
+    from clipcache.flows.cli.catalog import markdown_table
 
     from conftest import REPO
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from clipcache import run_task
-from clipcache.flows.evalscope import parse_task_config
+from clipcache.flows.config.evalscope import parse_task_config
 from clipcache.storage.errors import ConfigError, ModelError
 
 from conftest import TINY_MODEL

@@ -168,8 +168,8 @@ def _number(text: str) -> bool:
 @pytest.mark.parametrize("where", ["an entry", "the entries folder", "a link into the cache"])
 def test_results_folders_never_lie_inside_the_cache(work, capsys, where):
     """eval's and convert's --output_dir: result files would land among the cache's entries."""
-    from clipcache.flows.convert_params import ConvertParams
-    from clipcache.flows.params import validate
+    from clipcache.flows.config.convert_params import ConvertParams
+    from clipcache.flows.config.params import validate
     from clipcache.storage.errors import ConfigError
 
     folder = {"an entry": entry(work) / "results", "the entries folder": work / "cache" / "embeddings",

@@ -104,7 +104,7 @@ def test_the_opt_in_does_not_spread_to_another_loader(here):
 def test_an_evalscope_entry_trusts_only_its_own_model(here, tmp_path):
     """Two model entries: the one with trust_remote_code loads its code; the other, a folder asking for code, is
     still refused (and its code never imported)."""
-    from clipcache.flows.evalscope import to_evaluate_params
+    from clipcache.flows.config.evalscope import to_evaluate_params
 
     other = tmp_path / "other"
     make_internvl_folder(other, seed=1)

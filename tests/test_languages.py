@@ -49,8 +49,8 @@ def test_other_datasets_name_their_languages():
 
 def test_language_on_a_webdataset_source_end_to_end(prefect_server, tmp_path):
     """clip_benchmark ignores --language for wds sources; here the Chinese names and templates are used."""
-    from clipcache.flows.evaluate import evaluate
-    from clipcache.flows.params import EvaluateParams
+    from clipcache.flows.config.params import EvaluateParams
+    from clipcache.flows.orchestration.flows import evaluate
 
     root = write_wds(tmp_path / "imagenet-a", "classification", 12, shards=1, n_classes=6)
     names = imagenet_prompts()["en"]["classnames"]

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from clipcache.flows import launch, prefect_server
+from clipcache.flows.orchestration import launch, prefect_server
 from clipcache.storage.errors import ConfigError
 
 from conftest import REPO

@@ -63,14 +63,14 @@ def test_python_dash_m_clipcache_is_the_cli(tmp_path):
 
 def test_init_writes_the_shipped_deployments_once(tmp_path, capsys):
     from clipcache.flows.cli import main
-    from clipcache.flows.deployments import load_suite, read_deployments
+    from clipcache.flows.orchestration.deployments import load_suite, read_deployments
 
     assert main(["init", str(tmp_path / "team")]) == 0
     written = tmp_path / "team"
     assert (written / "prefect.yaml").read_bytes() == (REPO / "prefect.yaml").read_bytes()
     assert (written / "suites" / "nightly.yaml").read_bytes() == (REPO / "suites" / "nightly.yaml").read_bytes()
     assert {d["entrypoint"] for d in read_deployments(written / "prefect.yaml")} == {
-        "clipcache.flows.deployments:evaluate_suite", "clipcache.flows.report:report", "clipcache.flows.convert:convert"}
+        "clipcache.flows.orchestration.flows:evaluate_suite", "clipcache.flows.orchestration.flows:report", "clipcache.flows.orchestration.flows:convert"}
     assert load_suite(written / "suites" / "nightly.yaml").datasets == ["shapes", "shapes_retrieval"]
     (written / "suites" / "nightly.yaml").write_text("models: [{model_name: mine}]\ndatasets: [shapes]\n")
     (written / "prefect.yaml").unlink()

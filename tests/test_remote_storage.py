@@ -54,8 +54,8 @@ def test_evaluate_with_cache_and_results_on_s3(prefect_server, s3_endpoint, buck
     """The whole pipeline against S3: embeddings, evalscope JSON and Parquet go to the bucket, DuckDB queries them
     there, and a second run reads the cached embeddings back from S3 without loading the model."""
     import clipcache
-    from clipcache.flows.evaluate import evaluate
-    from clipcache.flows.params import EvaluateParams
+    from clipcache.flows.config.params import EvaluateParams
+    from clipcache.flows.orchestration.flows import evaluate
 
     monkeypatch.setenv("CLIPCACHE_LOCAL_DIR", str(tmp_path / "local"))
     base = {"models": [{"model_name": "tiny-shapes-clip"}], "datasets": ["shapes", "shapes_retrieval"], "limit": 96,

@@ -51,8 +51,8 @@ BASE = {"models": [{"model_name": "tiny-shapes-clip"}], "datasets": ["shapes", "
 
 @pytest.fixture(scope="module")
 def single_process(tmp_path_factory, prefect_server):
-    from clipcache.flows.evaluate import evaluate
-    from clipcache.flows.params import EvaluateParams
+    from clipcache.flows.config.params import EvaluateParams
+    from clipcache.flows.orchestration.flows import evaluate
 
     root = tmp_path_factory.mktemp("single")
     results = evaluate(EvaluateParams(**BASE, cache_dir=str(root / "cache"), output_dir=str(root / "out")))
@@ -60,8 +60,8 @@ def single_process(tmp_path_factory, prefect_server):
 
 
 def test_threads_runner_writes_the_single_process_entries(prefect_server, single_process, tmp_path):
-    from clipcache.flows.evaluate import evaluate
-    from clipcache.flows.params import EvaluateParams
+    from clipcache.flows.config.params import EvaluateParams
+    from clipcache.flows.orchestration.flows import evaluate
 
     params = EvaluateParams(**BASE, cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "out"),
                             task_runner="threads", workers=2, shard_rows=48)
@@ -74,8 +74,8 @@ def test_threads_runner_writes_the_single_process_entries(prefect_server, single
 
 def test_interrupted_sharded_encode_redoes_only_missing_shards(prefect_server, single_process, tmp_path,
                                                                monkeypatch):
-    from clipcache.flows.evaluate import evaluate
-    from clipcache.flows.params import EvaluateParams
+    from clipcache.flows.config.params import EvaluateParams
+    from clipcache.flows.orchestration.flows import evaluate
     from clipcache.storage.errors import ClipcacheError
     from clipcache.tasks.encode import sharded
 
@@ -90,7 +90,7 @@ def test_interrupted_sharded_encode_redoes_only_missing_shards(prefect_server, s
             raise ClipcacheError("worker lost")
         return real(job)
 
-    from clipcache.flows.scaleout import shard_tasks
+    from clipcache.flows.orchestration.scaleout import shard_tasks
 
     encode_shard_task = shard_tasks()[0]
     monkeypatch.setattr(sharded, "encode_shard", crash_on_fifth)
@@ -116,8 +116,8 @@ def test_interrupted_sharded_encode_redoes_only_missing_shards(prefect_server, s
 @pytest.mark.slow
 def test_dask_local_cluster_with_two_workers_matches_single_process(prefect_server, single_process, tmp_path):
     """Two Dask worker processes (one torch thread each) against one process with the default threads."""
-    from clipcache.flows.evaluate import evaluate
-    from clipcache.flows.params import EvaluateParams
+    from clipcache.flows.config.params import EvaluateParams
+    from clipcache.flows.orchestration.flows import evaluate
 
     params = EvaluateParams(**BASE, cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "out"),
                             task_runner="dask", workers=2, shard_rows=48)
@@ -127,7 +127,7 @@ def test_dask_local_cluster_with_two_workers_matches_single_process(prefect_serv
 
 
 def test_task_runner_values_are_checked():
-    from clipcache.flows.params import EvaluateParams, validate
+    from clipcache.flows.config.params import EvaluateParams, validate
     from clipcache.storage.errors import ConfigError
 
     for good in ("none", "threads", "dask", "dask://10.0.0.5:8786", "tcp://sched:8786"):
@@ -140,8 +140,8 @@ def test_task_runner_values_are_checked():
 def test_sharded_skip_of_corrupt_images_equals_single_process(prefect_server, tmp_path, bad, batch_size):
     """Skipped rows leave a gap in their shard's region (or fill it); publishing closes it exactly as one process
     would."""
-    from clipcache.flows.evaluate import evaluate
-    from clipcache.flows.params import EvaluateParams
+    from clipcache.flows.config.params import EvaluateParams
+    from clipcache.flows.orchestration.flows import evaluate
     from clipcache.storage.errors import DatasetError
 
     from conftest import replace_tar_member, write_wds
@@ -175,8 +175,8 @@ def test_existing_dask_scheduler_by_address(prefect_server, single_process, tmp_
 
     import prefect.settings
 
-    from clipcache.flows.evaluate import evaluate
-    from clipcache.flows.params import EvaluateParams
+    from clipcache.flows.config.params import EvaluateParams
+    from clipcache.flows.orchestration.flows import evaluate
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

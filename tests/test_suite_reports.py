@@ -56,8 +56,8 @@ def warehouse(tmp_path_factory):
 @pytest.fixture(scope="module")
 def built(warehouse):
     """`clipcache report`: dbt build (suite marts included) and the HTML page."""
-    from clipcache.flows.launch import report
-    from clipcache.flows.reporting import ReportParams
+    from clipcache.flows.orchestration.launch import report
+    from clipcache.flows.orchestration.reporting import ReportParams
 
     page = Path(report(ReportParams(output_dir=str(warehouse))))
     return page, warehouse / "report" / "reports.duckdb"

@@ -41,7 +41,7 @@ PINNED = [
 
 
 def params_for(task: str, flags: list[str]):
-    from clipcache.flows.cli import build_parser, params_from_args
+    from clipcache.flows.cli.app import build_parser, params_from_args
 
     args = build_parser("eval").parse_args(["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", *flags])
     params = params_from_args(args)
@@ -73,7 +73,7 @@ def test_experiment_options_and_ids_are_pinned(task, flags, options, ids):
 
 def test_a_config_number_makes_the_options_it_made_before():
     """An evalscope config's ``fewshot_lr: 1`` (an int) and a float given as a string: the same JSON as before."""
-    from clipcache.flows.params import EvaluateParams, validate
+    from clipcache.flows.config.params import EvaluateParams, validate
 
     base = {"models": [{"model_name": "tiny-shapes-clip"}], "datasets": ["shapes"], "task": "linear_probe"}
     assert options_of(validate(EvaluateParams, {**base, "fewshot_lr": 1}), "linear_probe") == ['{"fewshot_lr":1.0}']
@@ -107,8 +107,8 @@ def builtin_tasks():
 def test_every_task_option_is_a_run_parameter_that_takes_the_models_default():
     """The flag, the config key and the deployment parameter of each option: its default, constraints and help are
     the Options field's own."""
-    from clipcache.flows.cli import build_parser
-    from clipcache.flows.params import OPTION_TASKS, SWEPT_OPTIONS, EvaluateParams
+    from clipcache.flows.cli.app import build_parser
+    from clipcache.flows.config.params import OPTION_TASKS, SWEPT_OPTIONS, EvaluateParams
 
     flags = {s for action in build_parser("eval")._subparsers._group_actions[0].choices["eval"]._actions
              for s in action.option_strings}
@@ -128,7 +128,7 @@ def test_every_task_option_is_a_run_parameter_that_takes_the_models_default():
 
 
 def test_the_shared_batch_size_has_one_default():
-    from clipcache.flows.params import EvaluateParams
+    from clipcache.flows.config.params import EvaluateParams
     from clipcache.tasks.contract import BATCH_SIZE, EncodeSettings, ScoreSettings
     from clipcache.tasks.evaluation.linear_probe import LinearProbe
 
@@ -204,7 +204,7 @@ def test_a_task_that_still_declares_option_defaults_is_refused():
 
 
 def test_options_are_validated_by_the_model_before_any_work():
-    from clipcache.flows.params import EvaluateParams, validate
+    from clipcache.flows.config.params import EvaluateParams, validate
     from clipcache.storage.errors import ConfigError
 
     base = {"models": [{"model_name": "tiny-shapes-clip"}], "datasets": ["shapes"]}
@@ -227,7 +227,7 @@ def test_the_rescore_hint_names_the_options_that_choose_what_is_encoded(task, fl
     """Of the task's options, those its encode step reads (``encode_fields``) where they differ from the defaults."""
     from dataclasses import replace
 
-    from clipcache.flows.pipeline import choose_task, eval_command
+    from clipcache.flows.orchestration.pipeline import choose_task, eval_command
 
     params = params_for(task, flags)
     run = params.run_settings(cached_only=True)
@@ -242,8 +242,8 @@ def test_the_rescore_hint_of_an_api_model_carries_its_api_flags():
     import shlex
     from dataclasses import replace
 
-    from clipcache.flows.cli import build_parser, params_from_args
-    from clipcache.flows.pipeline import choose_task, eval_command
+    from clipcache.flows.cli.app import build_parser, params_from_args
+    from clipcache.flows.orchestration.pipeline import choose_task, eval_command
 
     flags = ["--model", "api:tiny-shapes-clip", "--api_base", "http://127.0.0.1:8010/v1", "--api_revision", "v2",
              "--api_concurrency", "4", "--api_key_env", "MY_KEY", "--dataset", "shapes"]

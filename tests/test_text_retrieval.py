@@ -59,10 +59,9 @@ def test_equal_to_beir_evaluate_retrieval(seed):
 
 @pytest.mark.slow
 def test_images_to_captions_to_text_retrieval_end_to_end(prefect_server, tmp_path):
-    from clipcache.flows.convert import convert
-    from clipcache.flows.convert_params import ConvertParams
-    from clipcache.flows.evaluate import evaluate
-    from clipcache.flows.params import EvaluateParams
+    from clipcache.flows.config.convert_params import ConvertParams
+    from clipcache.flows.config.params import EvaluateParams
+    from clipcache.flows.orchestration.flows import convert, evaluate
 
     with FakeVLMServer() as vlm:
         convert(ConvertParams(models=[{"model_name": "captioner", "api_base": vlm.api_base, "api_key": "k"}],

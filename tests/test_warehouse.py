@@ -183,8 +183,8 @@ def test_interrupted_compaction_hides_leftovers(history, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_dbt_build_and_report_in_a_real_browser(history, tmp_path):
-    from clipcache.flows.launch import report
-    from clipcache.flows.reporting import ReportParams
+    from clipcache.flows.orchestration.launch import report
+    from clipcache.flows.orchestration.reporting import ReportParams
 
     add_everything_else(history)
     with_compaction = compact(history, "metrics")  # the marts must read compacted warehouses too

@@ -227,7 +227,7 @@ def test_installed_wheel_runs_the_demo_report_suites_compare_and_a_worker_deploy
         _stop(worker)
     assert finished["state"]["type"] == "COMPLETED", finished["state"]
     deployment = httpx.get(f"{prefect_api}/deployments/{finished['deployment_id']}").json()
-    assert deployment["entrypoint"] == "clipcache.flows.deployments:evaluate_suite"
+    assert deployment["entrypoint"] == "clipcache.flows.orchestration.flows:evaluate_suite"
     # every run row says which release and commit made it; the worker's run added rows
     [after_worker] = json.loads(run(work, env, "clipcache", "query", runs, "--format", "json"))
     for rows in (before_worker, after_worker):

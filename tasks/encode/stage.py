@@ -1,6 +1,6 @@
 """Encode stage: indexed dataset + model -> cache entries (images, captions, class prompts).
 
-Everything here works on plain objects; Prefect wrappers live in ``flows/stages.py``. A model is loaded at most
+Everything here works on plain objects; Prefect wrappers live in ``flows/orchestration/stages.py``. A model is loaded at most
 once per :class:`ModelSession`, and only when some entry is missing from the cache.
 """
 

@@ -2,7 +2,7 @@
 
 - ``eval_config.tool: clip_benchmark``: EvaluateParams (or, for ``task: image_caption``, ConvertParams), with the
   same keys and defaults as evalscope's CLIP benchmark backend. Model ids default to ModelScope, as in evalscope.
-- ``eval_config.tool: mteb``: text retrieval of ``custom_tasks`` folders (flows/evalscope_mteb.py).
+- ``eval_config.tool: mteb``: text retrieval of ``custom_tasks`` folders (flows/config/evalscope_mteb.py).
 - top level ``work_dir`` / ``no_timestamp``: as in evalscope, results go to ``<work_dir>/<YYYYmmdd_HHMMSS>/``
   (``<work_dir>/`` with ``no_timestamp``) instead of the eval section's output folder.
 
@@ -18,9 +18,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
-from clipcache.flows.convert_params import CaptionModelSpec, ConvertParams
-from clipcache.flows.evalscope_common import WorkDir, tool_name
-from clipcache.flows.params import EvaluateParams, RetrievalMetric, known_task, task_option, validate
+from clipcache.flows.config.convert_params import CaptionModelSpec, ConvertParams
+from clipcache.flows.config.evalscope_common import WorkDir, tool_name
+from clipcache.flows.config.params import EvaluateParams, RetrievalMetric, known_task, task_option, validate
 from clipcache.storage.errors import ConfigError, parse_problem
 from clipcache.tasks.contract import Ties
 from clipcache.tasks.evaluation.zeroshot_retrieval import ZeroShotRetrieval
@@ -142,7 +142,7 @@ def parse_task_config(task_cfg: dict[str, Any] | str | Path) -> list[EvaluatePar
     eval_config = data.get("eval_config")
     section = eval_config.get("eval") if isinstance(eval_config, dict) else None
     if isinstance(eval_config, dict) and tool_name(eval_config.get("tool")) == "mteb":
-        from clipcache.flows.evalscope_mteb import mteb_runs
+        from clipcache.flows.config.evalscope_mteb import mteb_runs
 
         return list(mteb_runs(data))
     if isinstance(section, dict) and section.get("task") == "image_caption":

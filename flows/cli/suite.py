@@ -67,7 +67,7 @@ def add_suite_parser(sub: argparse._SubParsersAction) -> None:
 def run_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from clipcache.flows.console import data_console
+    from clipcache.flows.cli.console import data_console
     from clipcache.tasks.suites import load_suite, shipped
 
     table = Table(title="suites")
@@ -83,7 +83,7 @@ def run_list(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from clipcache.flows.console import data_console
+    from clipcache.flows.cli.console import data_console
     from clipcache.tasks.suites import load_suite
 
     suite = load_suite(args.suite)
@@ -124,7 +124,7 @@ def score_payload(suite: Any, scores: list[Any]) -> list[dict[str, Any]]:
 
 
 def run_score(args: argparse.Namespace) -> int:
-    from clipcache.flows.cli_query import check_output_dir
+    from clipcache.flows.cli.query import check_output_dir
     from clipcache.storage.errors import ConfigError
     from clipcache.storage.warehouse import read_results
     from clipcache.tasks.suites import load_suite
@@ -142,7 +142,7 @@ def run_score(args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    from clipcache.flows.console import data_console
+    from clipcache.flows.cli.console import data_console
 
     console = data_console(200)
     if not scores:
@@ -181,7 +181,7 @@ def run_score(args: argparse.Namespace) -> int:
 def _scores(args: argparse.Namespace, resamples: int, then: Any = None) -> tuple[Any, list[Any], Any]:
     """(suite, scores, then(con, suite, scores)): all of it read from one consistent view of the warehouse
     (started over if `results compact` replaced the files meanwhile; storage/warehouse.py)."""
-    from clipcache.flows.cli_query import check_output_dir
+    from clipcache.flows.cli.query import check_output_dir
     from clipcache.storage.warehouse import read_results
     from clipcache.tasks.suites import load_suite
     from clipcache.tasks.suites.scoring import score_suite
@@ -257,7 +257,7 @@ def run_check(args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    from clipcache.flows.console import data_console
+    from clipcache.flows.cli.console import data_console
 
     console = data_console(200)
     if not rows:

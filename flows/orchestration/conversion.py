@@ -16,8 +16,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from clipcache.flows.convert_params import ConvertParams
-from clipcache.flows.stages import Stages
+from clipcache.flows.config.convert_params import ConvertParams
+from clipcache.flows.orchestration.stages import Stages
 from clipcache.storage.caption_cache import CaptionCache
 from clipcache.storage.naming import path_component
 from clipcache.storage.results import write_json

@@ -19,8 +19,8 @@ def add_server_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_server_command(args: argparse.Namespace) -> int:
-    from clipcache.flows import prefect_server
-    from clipcache.flows.console import data_console
+    from clipcache.flows.cli.console import data_console
+    from clipcache.flows.orchestration import prefect_server
 
     out = data_console()
     if args.action == "start":

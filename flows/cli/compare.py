@@ -24,7 +24,7 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from clipcache.flows.cli_query import check_output_dir
+    from clipcache.flows.cli.query import check_output_dir
     from clipcache.storage.errors import ConfigError
     from clipcache.storage.warehouse import read_results
     from clipcache.tasks.report.compare import compare
@@ -41,7 +41,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from clipcache.flows.console import data_console
+    from clipcache.flows.cli.console import data_console
 
     console = data_console(160)  # dataset names and ids are data, never markup
     # every column needs about 150 columns; a narrower terminal gets the columns a verdict rests on, whole names

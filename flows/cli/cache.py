@@ -51,7 +51,7 @@ def run_cache_command(args: argparse.Namespace) -> int:
         from clipcache.storage.errors import ConfigError
 
         raise ConfigError(f"cache_dir: {args.cache_dir} does not exist (no cache there; `clipcache eval` creates one)")
-    from clipcache.flows.console import data_console
+    from clipcache.flows.cli.console import data_console
 
     out = data_console(160)
     return {"ls": _ls, "info": _info, "verify": _verify, "rm": _rm, "gc": _gc}[args.action](store, args, out)
@@ -60,7 +60,7 @@ def run_cache_command(args: argparse.Namespace) -> int:
 def _ls(store, args, out: Console) -> int:
     from dataclasses import replace
 
-    from clipcache.flows.console import short_task
+    from clipcache.flows.cli.console import short_task
     from clipcache.storage.cache_admin import list_entries
     from clipcache.tasks.evaluation import TASKS, tasks_served
 
@@ -106,7 +106,7 @@ def _verify(store, args, out: Console) -> int:
             continue
         damaged += 1
         for problem in problems:
-            from clipcache.flows.console import styled
+            from clipcache.flows.cli.console import styled
 
             out.print(styled("damaged", "red", f"{key}: {problem}"), highlight=False, soft_wrap=True)
         if args.delete:

@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SecretStr, field_validator, model_validator
 
-from clipcache.flows.evalscope_common import WorkDir, tool_name
-from clipcache.flows.params import EvaluateParams, validate
+from clipcache.flows.config.evalscope_common import WorkDir, tool_name
+from clipcache.flows.config.params import EvaluateParams, validate
 
 MTEB_K_VALUES = [1, 3, 5, 10, 20, 100, 1000]  # the k MTEB's retrieval tasks report (AbsTaskRetrieval.k_values)
 CUSTOM_TASK = "CustomRetrieval"  # evalscope's default custom task name

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from clipcache.flows.params import local_folder
-from clipcache.flows.stages import Stages
+from clipcache.flows.config.params import local_folder
+from clipcache.flows.orchestration.stages import Stages
 from clipcache.tasks.report.dbt_build import dbt_build
 from clipcache.tasks.report.html import render_report
 

@@ -1,7 +1,7 @@
 """``clipcache init [DIR]``: the deployments' project folder on a machine that has only the installed package.
 
 It writes the shipped ``prefect.yaml`` (the deployments, with module entrypoints such as
-``clipcache.flows.deployments:evaluate_suite``) and ``suites/nightly.yaml`` (the nightly suite) into DIR; ``prefect
+``clipcache.flows.orchestration.flows:evaluate_suite``) and ``suites/nightly.yaml`` (the nightly suite) into DIR; ``prefect
 deploy --all`` / ``clipcache serve`` are then run there, and runs use DIR as their working directory (the suite file,
 ``cache`` and ``outputs`` are relative to it). An existing file is never replaced.
 """
@@ -12,7 +12,7 @@ import argparse
 import os
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parent / "project"
+PROJECT = Path(__file__).resolve().parent.parent / "project"
 FILES = ("prefect.yaml", "suites/nightly.yaml")
 
 

@@ -1,4 +1,4 @@
-"""What every evalscope tool's config shares (flows/evalscope.py: clip_benchmark; flows/evalscope_mteb.py: mteb)."""
+"""What every evalscope tool's config shares (flows/config/evalscope.py: clip_benchmark; flows/config/evalscope_mteb.py: mteb)."""
 
 from __future__ import annotations
 

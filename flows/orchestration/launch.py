@@ -3,10 +3,10 @@ plain calls with no orchestrator start-up.
 
 - ``auto`` (default): Prefect when ``PREFECT_API_URL`` is set (in the environment or the active Prefect profile) or
   a background server from ``clipcache server start`` is up (its URL is then used); otherwise the local path, which runs the same stages in the same order
-  (flows/stages.py) and writes the same files and rows, in a fraction of the time (Prefect's temporary server alone
+  (flows/orchestration/stages.py) and writes the same files and rows, in a fraction of the time (Prefect's temporary server alone
   costs 5-15 s per call). ``--task_runner`` other than ``none`` needs Prefect's task runners, so it implies Prefect.
 - ``prefect``: always a flow run; with no server configured, a private server is started for the call and stopped
-  with it (flows/prefect_server.py), so no process outlives the CLI.
+  with it (flows/orchestration/prefect_server.py), so no process outlives the CLI.
 - ``local``: always plain calls.
 
 Deployments and workers run the Prefect flows directly and are unaffected.
@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from clipcache.flows.params import EvaluateParams
+from clipcache.flows.config.params import EvaluateParams
 
 
 def profile_api(home: str | os.PathLike | None = None) -> str | None:
@@ -29,7 +29,7 @@ def profile_api(home: str | os.PathLike | None = None) -> str | None:
     import tomllib
     from pathlib import Path
 
-    from clipcache.flows.prefect_server import prefect_home
+    from clipcache.flows.orchestration.prefect_server import prefect_home
 
     path = Path(home or prefect_home()) / "profiles.toml"
     try:
@@ -47,7 +47,7 @@ def configured_api() -> str | None:
     else a running background server from `clipcache server start`."""
     if url := os.environ.get("PREFECT_API_URL") or profile_api():
         return url
-    from clipcache.flows.prefect_server import running
+    from clipcache.flows.orchestration.prefect_server import running
 
     info = running()
     return info.url if info else None
@@ -72,7 +72,7 @@ def prefect_api() -> Iterator[None]:
         os.environ["PREFECT_API_URL"] = url
         yield
         return
-    from clipcache.flows.prefect_server import private_server
+    from clipcache.flows.orchestration.prefect_server import private_server
 
     with private_server() as url:
         os.environ["PREFECT_API_URL"] = url
@@ -86,12 +86,12 @@ def evaluate(params: EvaluateParams, cached_only: bool, orchestrator: str = "aut
     mode = choose(orchestrator, needs_prefect=params.task_runner != "none" and not cached_only)
     if mode == "prefect":
         with prefect_api():
-            from clipcache.flows.evaluate import evaluate as evaluate_flow
-            from clipcache.flows.evaluate import rescore as rescore_flow
+            from clipcache.flows.orchestration.flows import evaluate as evaluate_flow
+            from clipcache.flows.orchestration.flows import rescore as rescore_flow
 
             return (rescore_flow if cached_only else evaluate_flow)(params)
-    from clipcache.flows.pipeline import run_evaluation
-    from clipcache.flows.stages import LocalStages
+    from clipcache.flows.orchestration.pipeline import run_evaluation
+    from clipcache.flows.orchestration.stages import LocalStages
 
     return run_evaluation(params, LocalStages(), cached_only).results
 
@@ -99,11 +99,11 @@ def evaluate(params: EvaluateParams, cached_only: bool, orchestrator: str = "aut
 def convert(params: Any, orchestrator: str = "auto") -> list[dict]:
     if choose(orchestrator) == "prefect":
         with prefect_api():
-            from clipcache.flows.convert import convert as convert_flow
+            from clipcache.flows.orchestration.flows import convert as convert_flow
 
             return convert_flow(params)
-    from clipcache.flows.conversion import run_conversion
-    from clipcache.flows.stages import LocalStages
+    from clipcache.flows.orchestration.conversion import run_conversion
+    from clipcache.flows.orchestration.stages import LocalStages
 
     return run_conversion(params, LocalStages())
 
@@ -111,10 +111,10 @@ def convert(params: Any, orchestrator: str = "auto") -> list[dict]:
 def report(params: Any, orchestrator: str = "auto") -> str:
     if choose(orchestrator) == "prefect":
         with prefect_api():
-            from clipcache.flows.report import report as report_flow
+            from clipcache.flows.orchestration.flows import report as report_flow
 
             return str(report_flow(params))
-    from clipcache.flows.reporting import run_report
-    from clipcache.flows.stages import LocalStages
+    from clipcache.flows.orchestration.reporting import run_report
+    from clipcache.flows.orchestration.stages import LocalStages
 
     return run_report(params, LocalStages())

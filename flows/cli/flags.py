@@ -1,11 +1,11 @@
 """The eval / rescore flags as data, so that ``clipcache eval --help`` and a name error build them without importing
 the parameter models (pydantic, the task contract, every task's Options: about half a second).
 
-The description is generated from the live models and registries (flows/cli.py ``eval_flags`` over
-flows/params.py's ``EvaluateParams``, the API fields, the task and model-loader registries) and kept in
-flows/eval_flags.json; tests/test_cli_flags.py holds the two equal. After adding or changing a parameter:
+The description is generated from the live models and registries (flows/cli/app.py ``eval_flags`` over
+flows/config/params.py's ``EvaluateParams``, the API fields, the task and model-loader registries) and kept in
+flows/cli/eval_flags.json; tests/test_cli_flags.py holds the two equal. After adding or changing a parameter:
 
-    PYTHONPATH=$PWD .venv/bin/python -m clipcache.flows.cli_flags      # rewrites flows/eval_flags.json
+    PYTHONPATH=$PWD .venv/bin/python -m clipcache.flows.cli.flags      # rewrites flows/cli/eval_flags.json
 
 Choices drawn from a registry that other packages extend (``--task``, ``--model_type``) keep the built-in names
 here and gain the installed plugins' names from their entry point group when the parser is built.
@@ -52,8 +52,8 @@ class Recorder:
 
 
 def live_description() -> list[dict[str, Any]]:
-    """The flags as flows/cli.py declares them from the live models (imports the parameter models)."""
-    from clipcache.flows.cli import eval_flags
+    """The flags as flows/cli/app.py declares them from the live models (imports the parameter models)."""
+    from clipcache.flows.cli.app import eval_flags
 
     recorder = Recorder()
     eval_flags(recorder, builtin_only=True)
@@ -73,7 +73,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     missing or unreadable)."""
     calls = stored_description()
     if calls is None:
-        from clipcache.flows.cli import eval_flags
+        from clipcache.flows.cli.app import eval_flags
 
         eval_flags(parser)
         return

@@ -1,7 +1,7 @@
 """``clipcache`` command line. Flags follow LAION clip_benchmark (``--dataset a b c``, ``--recall_k 1 5 10``), which
 is why this is argparse: click/typer options cannot take several values after one flag.
 
-The eval / rescore flags are generated from the flow's parameter model (flows/params.py), so the CLI, evalscope
+The eval / rescore flags are generated from the flow's parameter model (flows/config/params.py), so the CLI, evalscope
 configs and deployments cannot drift apart. Start-up stays light: nothing imports torch, open_clip or Prefect before
 the names given have been checked.
 """
@@ -80,21 +80,21 @@ EVAL_COMMANDS = {
 
 def _eval_parser(sub: argparse._SubParsersAction, command: str, full: bool = True) -> None:
     """The eval / rescore parser; ``full=False`` only names it. Its flags come from their stored description
-    (flows/cli_flags.py), so neither --help nor a name error imports the parameter models."""
+    (flows/cli/flags.py), so neither --help nor a name error imports the parameter models."""
     help_text, description = EVAL_COMMANDS[command]
     p = sub.add_parser(command, help=help_text, description=description)
     if not full:
         return
-    from clipcache.flows.cli_flags import add_flags
+    from clipcache.flows.cli.flags import add_flags
 
     add_flags(p)
     p.set_defaults(handler=_cmd_eval, cached_only=command == "rescore")
 
 
 def eval_flags(p: Any, builtin_only: bool = False) -> None:
-    """Declare the eval / rescore flags on ``p`` (an argparse parser, or flows/cli_flags.py's recorder) from the
+    """Declare the eval / rescore flags on ``p`` (an argparse parser, or flows/cli/flags.py's recorder) from the
     live parameter models and registries; ``builtin_only``: registry choices without installed plugins' names."""
-    from clipcache.flows.params import EvaluateParams
+    from clipcache.flows.config.params import EvaluateParams
     from clipcache.tasks.evaluation import TASKS
     from clipcache.tasks.models import LOADERS
     from clipcache.tasks.models.api_spec import ApiFields
@@ -153,7 +153,7 @@ def models_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def params_from_args(args: argparse.Namespace) -> Any:
-    from clipcache.flows.params import EvaluateParams, validate
+    from clipcache.flows.config.params import EvaluateParams, validate
 
     given = {name: getattr(args, FLAG_NAMES.get(name, name)) for name in EvaluateParams.model_fields
              if name not in NOT_FLAGS}
@@ -175,20 +175,20 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from clipcache.tasks.progress import StageProgress
 
     with StageProgress(enabled=params.verbose).status("starting: loading torch and the pipeline"):
-        from clipcache.flows.launch import evaluate
-        from clipcache.flows.pipeline import run_evaluation  # noqa: F401  (its imports are the slow part)
+        from clipcache.flows.orchestration.launch import evaluate
+        from clipcache.flows.orchestration.pipeline import run_evaluation  # noqa: F401  (its imports are the slow part)
         from clipcache.tasks.encode import stage  # noqa: F401
     return _show(evaluate(params, args.cached_only, args.orchestrator), params)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from clipcache.flows.convert_params import ConvertParams
-    from clipcache.flows.evalscope import parse_task_config
+    from clipcache.flows.config.convert_params import ConvertParams
+    from clipcache.flows.config.evalscope import parse_task_config
 
     incomplete = 0
     for params in parse_task_config(args.config):  # validated all before the first runs
         if isinstance(params, ConvertParams):
-            from clipcache.flows.launch import convert
+            from clipcache.flows.orchestration.launch import convert
 
             for result in convert(params):
                 m = result.get("metrics", {})
@@ -198,7 +198,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     f"{m['n_captioned']}/{m['n_images']} images captioned ({m['api_calls']} API calls, "
                     f"{m['from_cache']} from cache, {m['n_failed']} failed) -> {m['save_path']}"), highlight=False)
             continue
-        from clipcache.flows.launch import evaluate
+        from clipcache.flows.orchestration.launch import evaluate
 
         _show(evaluate(params, False, "auto"), params)
     if incomplete:  # a conversion that did not finish its job is not a success, even with partial files written
@@ -210,21 +210,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _show(results: list, params: Any) -> int:
-    from clipcache.flows.console import print_results
+    from clipcache.flows.cli.console import print_results
 
     print_results(out(), results, params.output_dir)
     return 0
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from clipcache.flows.deployments import serve_deployments
+    from clipcache.flows.orchestration.deployments import serve_deployments
 
     serve_deployments(args.prefect_file, args.deployment, args.limit)
     return 0
 
 
 def out() -> Any:
-    from clipcache.flows.console import data_console
+    from clipcache.flows.cli.console import data_console
 
     return data_console(160)  # names in results are data: printed as they are, never as markup
 
@@ -277,18 +277,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _flag(serve, "deployment", nargs="+", default=None, help="serve only these deployments")
     _flag(serve, "limit", type=int, default=None, help="at most this many concurrent flow runs")
     serve.set_defaults(handler=_cmd_serve)
-    from clipcache.flows.cli_cache import add_cache_parser
-    from clipcache.flows.cli_catalog import add_catalog_parsers
-    from clipcache.flows.cli_init import add_init_parser
-    from clipcache.flows.cli_query import add_query_parser, add_report_parser, add_results_parser
-    from clipcache.flows.cli_server import add_server_parser
+    from clipcache.flows.cli.cache import add_cache_parser
+    from clipcache.flows.cli.catalog import add_catalog_parsers
+    from clipcache.flows.cli.init import add_init_parser
+    from clipcache.flows.cli.query import add_query_parser, add_report_parser, add_results_parser
+    from clipcache.flows.cli.server import add_server_parser
 
     add_cache_parser(sub)
     add_query_parser(sub)
-    from clipcache.flows.cli_compare import add_compare_parser
+    from clipcache.flows.cli.compare import add_compare_parser
 
     add_compare_parser(sub)
-    from clipcache.flows.cli_suite import add_suite_parser
+    from clipcache.flows.cli.suite import add_suite_parser
 
     add_suite_parser(sub)
     add_results_parser(sub)
@@ -300,7 +300,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from clipcache.flows import runtime
+    from clipcache.flows.orchestration import runtime
     from clipcache.storage.errors import ClipcacheError
 
     argv = list(sys.argv[1:] if argv is None else argv)

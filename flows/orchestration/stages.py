@@ -1,9 +1,9 @@
 """How a flow's stages run: as Prefect task runs (under a flow run, visible in the UI) or as plain calls.
 
-The evaluation pipeline (flows/pipeline.py) is written once against :class:`Stages`. The Prefect flows hand it
+The evaluation pipeline (flows/orchestration/pipeline.py) is written once against :class:`Stages`. The Prefect flows hand it
 :class:`PrefectStages`, so every stage is a task run named with its model and dataset; a CLI call with no Prefect
 server configured hands it :class:`LocalStages`, which runs the same stages in the same order as plain calls with the
-same log lines, and costs no orchestrator start-up (flows/launch.py decides).
+same log lines, and costs no orchestrator start-up (flows/orchestration/launch.py decides).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
-from clipcache.flows.run_settings import OptionValues, OutputSettings, RunSettings
+from clipcache.flows.config.run_settings import OptionValues, OutputSettings, RunSettings
 from clipcache.storage.errors import ClipcacheError, ConfigError
 from clipcache.tasks.contract import (
     BATCH_SIZE,

@@ -78,14 +78,14 @@ class ConvertParams(BaseModel):
     @field_validator("split")
     @classmethod
     def _plain_split(cls, value: str) -> str:
-        from clipcache.flows.params import plain_name
+        from clipcache.flows.config.params import plain_name
 
         return plain_name(value) or value
 
     @field_validator("output_dir", "cache_dir")
     @classmethod
     def _local(cls, value: str) -> str:
-        from clipcache.flows.params import local_folder
+        from clipcache.flows.config.params import local_folder
 
         return local_folder(value)
 

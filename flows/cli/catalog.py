@@ -28,7 +28,7 @@ OWN_LAYOUTS = {"sugar_crepe": "SugarCrepe: val2017/ + <task>.json (clip_benchmar
 def catalog_rows(cache_dir: str, hub: str) -> list[dict]:
     """One row per name: clipcache's own datasets, then every name of clip_benchmark's builder and the hosted
     catalog, each with the layouts it is read from."""
-    from clipcache.flows.cli_cache import human_bytes
+    from clipcache.flows.cli.cache import human_bytes
     from clipcache.storage.embedding_store import folder_bytes
     from clipcache.tasks.datasets import DATASETS, catalog, registered_task
     from clipcache.tasks.datasets.download import HubDataset, repo_name
@@ -85,7 +85,7 @@ COLUMNS = ("name", "task", "original layout", "hosted", "cached", "size")
 def run_datasets(args: argparse.Namespace) -> int:
     from rich.table import Table  # on use: building the CLI does not import rich
 
-    from clipcache.flows.console import data_console
+    from clipcache.flows.cli.console import data_console
 
     if args.markdown:
         print(markdown_table())
@@ -103,7 +103,7 @@ def run_models(args: argparse.Namespace) -> int:
     import open_clip
     from rich.table import Table  # on use: building the CLI does not import rich
 
-    from clipcache.flows.console import data_console
+    from clipcache.flows.cli.console import data_console
     from clipcache.tasks.models.open_clip_loader import BUNDLED
     from clipcache.tasks.models.presets import presets as load_presets
     from clipcache.tasks.models.st_loader import BUNDLED_TEXT
@@ -141,7 +141,7 @@ def _model_types() -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from clipcache.flows.console import data_console, styled
+    from clipcache.flows.cli.console import data_console, styled
     from clipcache.storage.errors import ModelError
     from clipcache.tasks.models import LOADERS
     from clipcache.tasks.models.resolve import get_loader

@@ -1,6 +1,6 @@
 """The evaluation pipeline, written once: for each model, dataset and language, prepare, encode, score, write.
 
-It runs under a Prefect flow (flows/evaluate.py) or as plain calls (flows/launch.py); see flows/stages.py. Pairs run in
+It runs under a Prefect flow (flows/orchestration/flows.py) or as plain calls (flows/orchestration/launch.py); see flows/orchestration/stages.py. Pairs run in
 order in one process, so a model is loaded once for all its datasets, and only if something must be encoded. A pair
 that fails stops the run with its error; what finished before it is already in the cache and the result files, so
 re-running continues where it stopped. The run row, written last, commits the run: only the metric rows of completed
@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clipcache.flows.params import EvaluateParams
-from clipcache.flows.run_settings import RunSettings
-from clipcache.flows.stages import Stages
+from clipcache.flows.config.params import EvaluateParams
+from clipcache.flows.config.run_settings import RunSettings
+from clipcache.flows.orchestration.stages import Stages
 from clipcache.storage import faults
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import ClipcacheError, ConfigError
@@ -37,7 +37,7 @@ from clipcache.tasks.progress import StageProgress
 from clipcache.tasks.results import RunInfo, clipcache_version, existing_result, write_pair_results
 
 if TYPE_CHECKING:
-    from clipcache.flows.scaleout import ShardedEncoder
+    from clipcache.flows.orchestration.scaleout import ShardedEncoder
 
 log = logging.getLogger("clipcache.flow")
 
@@ -261,7 +261,7 @@ def check_prompt_files(params: EvaluateParams) -> None:
 
 def run_evaluation(params: EvaluateParams, stages: Stages, cached_only: bool) -> RunOutcome:
     """Every (model, dataset, language) of ``params``; the run row is written last, whatever happens."""
-    from clipcache.flows.scaleout import ShardedEncoder, open_task_runner
+    from clipcache.flows.orchestration.scaleout import ShardedEncoder, open_task_runner
 
     check_location(params.cache_dir, "cache_dir")
     check_location(params.output_dir, "output_dir")

@@ -67,7 +67,7 @@ def _render(columns: list[str], rows: list[tuple], fmt: str, stream: TextIO) -> 
     else:
         from rich.table import Table
 
-        from clipcache.flows.console import data_console
+        from clipcache.flows.cli.console import data_console
 
         table = Table()
         for column in columns:
@@ -151,7 +151,7 @@ def _output_dir(parser: argparse.ArgumentParser) -> None:
 
 
 def run_results(args: argparse.Namespace) -> int:
-    from clipcache.flows.console import data_console, styled
+    from clipcache.flows.cli.console import data_console, styled
     from clipcache.storage.compaction import compact
     from clipcache.storage.errors import ResultsError
     from clipcache.storage.results import TABLES
@@ -170,7 +170,7 @@ def run_results(args: argparse.Namespace) -> int:
         out.print(f"verified the results under {args.output_dir}: {len(problems)} problem(s), {len(notes)} note(s)")
         return 1 if problems else 0
     if args.action == "migrate":
-        from clipcache.flows.migration import migrate
+        from clipcache.flows.migrations.results import migrate
 
         for line in migrate(args.output_dir):
             out.print(line, highlight=False)
@@ -202,9 +202,9 @@ def add_report_parser(sub: argparse._SubParsersAction) -> None:
 def run_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from clipcache.flows.launch import report
-    from clipcache.flows.params import validate
-    from clipcache.flows.reporting import ReportParams
+    from clipcache.flows.config.params import validate
+    from clipcache.flows.orchestration.launch import report
+    from clipcache.flows.orchestration.reporting import ReportParams
     from clipcache.storage.warehouse import check_export_path
     from clipcache.tasks.report.compare_report import check_compare_folder
 

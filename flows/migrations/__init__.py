@@ -1,0 +1,1 @@
+"""Migrations of results written by older versions (``clipcache results migrate``)."""

@@ -1,0 +1,138 @@
+"""Scheduled evaluation: the ``evaluate-suite`` flow's parameters and serving the deployments declared in ``prefect.yaml``.
+
+``prefect.yaml`` is the one place deployments are declared. Two ways to run them:
+
+- ``clipcache serve``: one long-lived process registers every deployment (with its schedules) and runs their flow
+  runs itself (Prefect's ``serve``); nothing else to set up.
+- ``prefect deploy --all`` + ``prefect worker start --pool clipcache``: the work-pool path, where workers (on this or
+  other machines) pick up scheduled and triggered runs.
+
+Entrypoints are module paths (``clipcache.flows.orchestration.flows:evaluate_suite``), so deployments load from wherever the
+package is installed; a file path (``path/to/flows.py:flow``) is taken relative to the ``prefect.yaml``. Without a
+checkout, ``clipcache init DIR`` writes the shipped ``prefect.yaml`` and ``suites/nightly.yaml`` (flows/cli/init.py).
+
+A suite file is a YAML (or JSON) mapping with the ``evaluate`` flow's parameters (``EvaluateParams``: models,
+datasets, cache_dir, output_dir, ...) or an evalscope task config; it is read and validated when the run starts, so
+editing the file changes the next nightly run without redeploying.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from clipcache.flows.config.evalscope import load_task_config, to_evaluate_params
+from clipcache.flows.config.params import EvaluateParams, validate
+from clipcache.storage.errors import ConfigError, parse_problem
+
+DEFAULT_PREFECT_FILE = "prefect.yaml"
+
+
+class SuiteParams(BaseModel):
+    """Parameters of the ``evaluate-suite`` flow (the nightly deployment's parameter schema)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    suite: str = Field("suites/nightly.yaml", description="YAML/JSON file with the evaluate flow's parameters, or "
+                                                          "an evalscope task config")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="parameters replacing the suite's, e.g. "
+                                                                        "{limit: 100}")
+
+
+def load_suite(path: str | Path, overrides: dict[str, Any] | None = None) -> EvaluateParams:
+    data = load_task_config(str(path))
+    if "eval_config" in data:
+        params = to_evaluate_params(data)
+        return validate(EvaluateParams, {**params.model_dump(), **(overrides or {})}, prefix=f"{path}: ")
+    return validate(EvaluateParams, {**data, **(overrides or {})}, prefix=f"{path}: ")
+
+
+def read_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE) -> list[dict[str, Any]]:
+    path = Path(prefect_file)
+    if not path.is_file():
+        raise ConfigError(f"{path} not found: run from the project folder, pass --prefect_file, or write one with "
+                          f"`clipcache init`")
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {e.start + 1}); save it as UTF-8") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {parse_problem(e)}") from e
+    deployments = doc.get("deployments")
+    if not isinstance(deployments, list) or not deployments:
+        raise ConfigError(f"{path}: no deployments declared")
+    for i, d in enumerate(deployments):
+        for key in ("name", "entrypoint"):
+            if not isinstance(d, dict) or not d.get(key):
+                raise ConfigError(f"{path}: deployments[{i}].{key} is missing")
+    return deployments
+
+
+def runner_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE, names: list[str] | None = None) -> list:
+    """``prefect.yaml``'s deployments as deployments served by this process (same names, parameters, schedules)."""
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect.schedules import Cron, Interval
+
+    base = Path(prefect_file).resolve().parent
+    chosen = [d for d in read_deployments(prefect_file) if not names or d["name"] in names]
+    missing = set(names or []) - {d["name"] for d in chosen}
+    if missing:
+        raise ConfigError(f"no deployment named {', '.join(sorted(missing))} in {prefect_file}")
+    out = []
+    for d in chosen:
+        entrypoint = d["entrypoint"]
+        if ".py:" in entrypoint:  # a script, relative to prefect.yaml; otherwise a module path
+            file, _, func = entrypoint.rpartition(":")
+            entrypoint = f"{base / file}:{func}"
+        flow_obj: Any = load_flow_from_entrypoint(entrypoint, use_placeholder_flow=False)
+        schedules = []
+        for s in d.get("schedules") or []:
+            if s.get("cron"):
+                schedules.append(Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True)))
+            elif s.get("interval"):
+                schedules.append(Interval(s["interval"], timezone=s.get("timezone"), active=s.get("active", True)))
+        out.append(flow_obj.to_deployment(name=d["name"], parameters=d.get("parameters") or {},
+                                          schedules=schedules or None, description=d.get("description"),
+                                          tags=d.get("tags")))
+    return out
+
+
+def serve_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE, names: list[str] | None = None,
+                      limit: int | None = None) -> None:
+    from prefect import serve
+    from prefect.settings import PREFECT_API_URL
+
+    # Prefect's ephemeral server (what runs without PREFECT_API_URL) has no scheduler: schedules would never fire.
+    if not PREFECT_API_URL.value():
+        raise ConfigError("clipcache serve needs a Prefect server for its schedules: run `prefect server start` and "
+                          "export PREFECT_API_URL=http://127.0.0.1:4200/api (or your server's URL)")
+    deployments = runner_deployments(prefect_file, names)
+    _refuse_pool_deployments(deployments)
+    serve(*deployments, limit=limit)
+
+
+def _refuse_pool_deployments(deployments: list) -> None:
+    """`serve` registers its deployments under their names, without a work pool or pull steps: over one that
+    `prefect deploy` put in a work pool, it would silently take it from the pool's workers (their runs then fail,
+    and both would fire the schedule). So a deployment is either served or deployed, never both."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    taken = []
+    with get_client(sync_client=True) as client:
+        for d in deployments:
+            try:
+                existing = client.read_deployment_by_name(f"{d.flow_name}/{d.name}")
+            except ObjectNotFound:
+                continue
+            if existing.work_pool_name:
+                taken.append(f"{d.flow_name}/{d.name} (work pool {existing.work_pool_name!r})")
+    if taken:
+        one = len(taken) == 1
+        raise ConfigError(f"{', '.join(taken)} {'is' if one else 'are'} deployed to a work pool by `prefect deploy`; "
+                          f"serving {'it' if one else 'them'} here would take {'it' if one else 'them'} from the "
+                          f"pool's workers. Serve other deployments (--deployment NAME), or delete a deployment first "
+                          f"to switch it (`prefect deployment delete {taken[0].split(' ')[0]}`)")
