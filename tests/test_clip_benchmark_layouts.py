@@ -170,7 +170,7 @@ def test_a_wnid_subset_folder_outside_the_subset_is_named(tmp_path):
 def test_annotation_file_replaces_the_default_captions_and_makes_its_own_experiment(tmp_path):
     import json
 
-    from clipcache.flows.orchestration.pipeline import annotation_option
+    from clipcache.tasks.identity import annotation_option
 
     root = write_layout("mscoco_captions", tmp_path / "data", "test")
     data = json.loads((root / "coco_test_karpathy.json").read_text())

@@ -217,8 +217,8 @@ def test_decode_gpu_without_cuda_is_refused_in_one_line(capsys, tmp_path):
 
 
 def test_the_decode_mode_enters_identity_only_when_not_the_default(session):
-    from clipcache.flows.orchestration.pipeline import decode_option
     from clipcache.tasks.evaluation import get_task
+    from clipcache.tasks.identity import decode_option
 
     fields = image_key_fields(session, {"content": "x"}, "test", None)
     assert "decode" not in fields

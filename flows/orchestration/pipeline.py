@@ -24,13 +24,14 @@ from clipcache.flows.orchestration.stages import Stages
 from clipcache.storage import faults
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import ClipcacheError, ConfigError
-from clipcache.storage.experiment import Experiment, options_json
+from clipcache.storage.experiment import Experiment
 from clipcache.storage.hashing import FileHashMemo
 from clipcache.storage.paths import check_location, local_dir
 from clipcache.storage.results import new_run_id, write_run_row
-from clipcache.tasks.contract import CacheMissError, DataSource, Prepared, PromptSettings, ScoreSettings, TaskOptions
+from clipcache.tasks.contract import CacheMissError, DataSource, ScoreSettings, TaskOptions
 from clipcache.tasks.evaluation import get_task
 from clipcache.tasks.evaluation.base import EvalTask
+from clipcache.tasks.identity import experiment_for, full_when_untruncated
 from clipcache.tasks.models.api_spec import ApiFields
 from clipcache.tasks.models.spec import ModelSpec
 from clipcache.tasks.progress import StageProgress
@@ -109,50 +110,6 @@ def choose_task(task: str, dataset: str, dataset_root: str | None) -> EvalTask:
     from clipcache.tasks.datasets import default_task
 
     return get_task(default_task(dataset, dataset_root) if task == "auto" else task)
-
-
-def experiment_for(spec: ModelSpec, session: Any, task: EvalTask, prepared: Prepared,
-                   settings: ScoreSettings) -> Experiment:
-    source = prepared.source
-    return Experiment(
-        model=spec.display_name, checkpoint=session.resolved.checkpoint, dataset=source.name,
-        split=source.split, language=source.language, task=task.name, precision=session.precision,
-        sample_limit=source.limit, prompts=prepared.prompts_sha256, default_prompts=prepared.default_prompts,
-        options=options_json({**task.options(settings), **annotation_option(source.annotation_file),
-                              **decode_option(session.decode, task)}),
-        pretrained=session.resolved.checkpoint_label,
-        model_dir=spec.basename)
-
-
-def full_when_untruncated(task: EvalTask, prepared: Prepared, prompts: PromptSettings,
-                          progress: StageProgress) -> Prepared:
-    """A limit that truncates nothing (``limit: 1000`` on a 30-pair set) is the full experiment: the same cache
-    entries, experiment id, file name and leaderboard row as a run without it. A reader stops at the limit, so a
-    count equal to it is checked by indexing one sample more."""
-    limit = prepared.source.limit
-    if limit is None:
-        return prepared
-    if prepared.n_samples >= limit:
-        probe = task.prepare(replace(prepared.source, limit=limit + 1), prompts, progress)
-        if probe.n_samples > limit:
-            return prepared
-    return replace(prepared, source=replace(prepared.source, limit=None))
-
-
-def decode_option(decode: str, task: EvalTask) -> dict[str, str]:
-    """GPU decoding makes other image vectors, so another experiment (the default, cpu, adds nothing: existing
-    experiment ids stay)."""
-    images = any(role == "image" or role.endswith("_image") for role in task.needs)  # any2any, visual STS, ...
-    return {"decode": decode} if decode != "cpu" and images else {}
-
-
-def annotation_option(path: str | None) -> dict[str, str]:
-    """A replaced annotation file makes a different experiment: named by file name and content hash."""
-    if not path:
-        return {}
-    from clipcache.storage.hashing import sha256_file
-
-    return {"annotation_file": f"{Path(path).name}@{sha256_file(Path(path))[:12]}"}
 
 
 def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, language: str) -> list[PairResult]:

@@ -1,0 +1,61 @@
+"""What makes an evaluation one experiment: the fields of its ``Experiment`` (clipcache.storage.experiment, whose
+``id`` names its results everywhere), the options that make other vectors or other labels (GPU decoding, a replaced
+annotation file), and the rule that a limit truncating nothing is the full experiment. The pipeline
+(flows/orchestration/pipeline.py) calls these for every pair; the experiment ids of existing results depend on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from clipcache.storage.experiment import Experiment, options_json
+from clipcache.tasks.contract import Prepared, PromptSettings, ScoreSettings
+from clipcache.tasks.evaluation.base import EvalTask
+from clipcache.tasks.models.spec import ModelSpec
+from clipcache.tasks.progress import StageProgress
+
+
+def experiment_for(spec: ModelSpec, session: Any, task: EvalTask, prepared: Prepared,
+                   settings: ScoreSettings) -> Experiment:
+    source = prepared.source
+    return Experiment(
+        model=spec.display_name, checkpoint=session.resolved.checkpoint, dataset=source.name,
+        split=source.split, language=source.language, task=task.name, precision=session.precision,
+        sample_limit=source.limit, prompts=prepared.prompts_sha256, default_prompts=prepared.default_prompts,
+        options=options_json({**task.options(settings), **annotation_option(source.annotation_file),
+                              **decode_option(session.decode, task)}),
+        pretrained=session.resolved.checkpoint_label,
+        model_dir=spec.basename)
+
+
+def full_when_untruncated(task: EvalTask, prepared: Prepared, prompts: PromptSettings,
+                          progress: StageProgress) -> Prepared:
+    """A limit that truncates nothing (``limit: 1000`` on a 30-pair set) is the full experiment: the same cache
+    entries, experiment id, file name and leaderboard row as a run without it. A reader stops at the limit, so a
+    count equal to it is checked by indexing one sample more."""
+    limit = prepared.source.limit
+    if limit is None:
+        return prepared
+    if prepared.n_samples >= limit:
+        probe = task.prepare(replace(prepared.source, limit=limit + 1), prompts, progress)
+        if probe.n_samples > limit:
+            return prepared
+    return replace(prepared, source=replace(prepared.source, limit=None))
+
+
+def decode_option(decode: str, task: EvalTask) -> dict[str, str]:
+    """GPU decoding makes other image vectors, so another experiment (the default, cpu, adds nothing: existing
+    experiment ids stay)."""
+    images = any(role == "image" or role.endswith("_image") for role in task.needs)  # any2any, visual STS, ...
+    return {"decode": decode} if decode != "cpu" and images else {}
+
+
+def annotation_option(path: str | None) -> dict[str, str]:
+    """A replaced annotation file makes a different experiment: named by file name and content hash."""
+    if not path:
+        return {}
+    from clipcache.storage.hashing import sha256_file
+
+    return {"annotation_file": f"{Path(path).name}@{sha256_file(Path(path))[:12]}"}
