@@ -24,7 +24,7 @@ def test_evaluate_publishes_a_metrics_table_and_a_summary(prefect_server, tmp_pa
     assert len(tables) == 1 and tables[0].type == "table"
     rows = tables[0].data if isinstance(tables[0].data, list) else json.loads(tables[0].data)
     assert {r["metric"] for r in rows} == {"acc1", "acc5", "mean_per_class_recall"}
-    from clipcache.flows.cli.console import format_value
+    from clipcache.flows.orchestration.summary import format_value
 
     # the same cells as the CLI table: 4 decimals, the same cache words
     assert {r["metric"]: r["value"] for r in rows} == {k: format_value(v) for k, v in result.metrics.items()}

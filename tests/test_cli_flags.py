@@ -27,7 +27,7 @@ def test_stored_description_equals_the_live_models():
 
 def live_parser() -> argparse.ArgumentParser:
     parser = cli.OneLineParser(prog="clipcache eval")
-    cli.eval_flags(parser)
+    cli_flags.eval_flags(parser)
     return parser
 
 

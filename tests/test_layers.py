@@ -1,5 +1,7 @@
 """The layer rule, read from the source (every import statement, at module level, inside functions and under
-TYPE_CHECKING alike): storage <- tasks <- flows, and the stage packages never reach up into evaluation."""
+TYPE_CHECKING alike): storage <- tasks <- flows, and the stage packages never reach up into evaluation. Inside
+flows/: config <- orchestration <- cli (migrations beside them, called by the cli), and Prefect only under
+orchestration/ (and the compatibility modules that re-export its flows)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,12 @@ RULES = [
       for stage in ("encode", "score", "datasets", "models", "convert")],
     ("clipcache.tasks.score", "clipcache.tasks.models", "scoring sees arrays and ids, never a model"),
     ("clipcache.tasks.score", "clipcache.tasks.encode", "scoring sees arrays and ids, never the encoder"),
+    *[(f"clipcache.flows.{low}", f"clipcache.flows.{high}", f"flows/{low} sits below flows/{high}")
+      for low, high in (("config", "orchestration"), ("config", "cli"), ("config", "migrations"),
+                        ("orchestration", "cli"), ("orchestration", "migrations"),
+                        ("migrations", "cli"), ("migrations", "orchestration"))],
+    *[(f"clipcache.flows.{package}", "prefect", "Prefect runs under flows/orchestration only")
+      for package in ("cli", "config", "migrations")],
 ]
 
 
@@ -89,3 +97,15 @@ def test_the_import_root_is_static():
     for override in mypy.get("overrides", []):
         if override.get("ignore_missing_imports"):
             assert not [m for m in override["module"] if m.split(".")[0] in ("clipcache", "flows", "tasks", "storage")]
+
+
+def test_flows_modules_sit_in_the_subpackages_that_say_their_job():
+    """flows/ holds cli/, config/, orchestration/ and migrations/; the modules left at its top only re-export the
+    Prefect flows (the entrypoints older prefect.yaml files name), defining nothing, so the rules above see all code."""
+    top = sorted(p.name for p in (REPO / "flows").glob("*.py"))
+    assert top == ["__init__.py", "convert.py", "deployments.py", "evaluate.py", "report.py"], top
+    for name in top:
+        tree = ast.parse((REPO / "flows" / name).read_text(encoding="utf-8"))
+        assert all(isinstance(n, ast.Import | ast.ImportFrom | ast.Expr | ast.Assign) for n in tree.body), name
+    assert {p.parent.name for p in (REPO / "flows").glob("*/__init__.py")} == {"cli", "config", "orchestration",
+                                                                              "migrations"}

@@ -9,13 +9,14 @@ given as a ``Text`` (:func:`styled`), never spelled inside a string.
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from clipcache.flows.orchestration.summary import cache_state, format_value
 
 
 def data_console(width: int | None = None, **kwargs: Any) -> Console:
@@ -29,18 +30,6 @@ def data_console(width: int | None = None, **kwargs: Any) -> Console:
 def styled(label: str, style: str, rest: str) -> Text:
     """``label`` in ``style``, then `` rest`` as plain text (whatever brackets it holds)."""
     return Text.assemble((label, style), " ", rest)
-
-
-def format_value(value: float | None) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
-
-
-def cache_state(result) -> str:
-    if result.status == "skipped":
-        return "skipped"  # its result file exists (--skip_existing)
-    if result.cache_hit:
-        return "cache hit"
-    return "resumed" if result.resumed else "encoded"
 
 
 def short_task(task: str) -> str:

@@ -1,7 +1,7 @@
 """The eval / rescore flags as data, so that ``clipcache eval --help`` and a name error build them without importing
 the parameter models (pydantic, the task contract, every task's Options: about half a second).
 
-The description is generated from the live models and registries (flows/cli/app.py ``eval_flags`` over
+The description is generated from the live models and registries (``eval_flags`` below, over
 flows/config/params.py's ``EvaluateParams``, the API fields, the task and model-loader registries) and kept in
 flows/cli/eval_flags.json; tests/test_cli_flags.py holds the two equal. After adding or changing a parameter:
 
@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,98 @@ PLUGIN_CHOICES = {"task": ("clipcache.tasks", ["auto"]), "model_type": ("clipcac
 # The live registry of each extensible flag: names registered in this process (a test, a notebook, a plugin's own
 # code) count when that registry is already imported; it is never imported for this.
 LIVE_REGISTRIES = {"task": ("clipcache.tasks.evaluation", "TASKS"), "model_type": ("clipcache.tasks.models", "LOADERS")}
+
+
+# Flags named differently from their parameter (clip_benchmark's names), and parameters the CLI sets otherwise.
+FLAG_NAMES = {"datasets": "dataset"}
+NOT_FLAGS = {"models", "verbose", "amp"}
+FLAG_HELP = {
+    "dataset": "shapes, shapes_retrieval, custom, imagefolder, image_labels, wds/<name>, a catalog name, or an "
+               "installed plugin's reader (clipcache datasets)",
+}
+
+
+def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
+    """Accept clip_benchmark's ``--recall_k`` and the dashed ``--recall-k`` alike."""
+    names = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+    parser.add_argument(*names, dest=name, **kwargs)
+
+
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """(inner type, optional) of ``X | None``."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0], len(args) < len(typing.get_args(annotation))
+    return annotation, False
+
+
+def _scalar(annotation: Any) -> dict[str, Any]:
+    if typing.get_origin(annotation) is typing.Literal:
+        return {"choices": list(typing.get_args(annotation))}
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return {"type": annotation} if annotation in (int, float) else {}
+
+
+def add_param_flags(parser: argparse.ArgumentParser, model: Any, choices: dict[str, list[str]]) -> None:
+    """One flag per field of a pydantic parameter model: lists take several values, Literals are choices, booleans
+    are switches; help and defaults come from the field."""
+    for name, info in model.model_fields.items():
+        if name in NOT_FLAGS:
+            continue
+        flag = FLAG_NAMES.get(name, name)
+        annotation, _ = _unwrap(info.annotation)
+        text = FLAG_HELP.get(flag, info.description)  # argparse formats help with %: a literal one is doubled
+        kwargs: dict[str, Any] = {"help": text.replace("%", "%%") if text else text}
+        if annotation is bool:
+            kwargs.update(action="store_true", default=False)
+        elif typing.get_origin(annotation) is list or (typing.get_origin(annotation) is tuple
+                                                       and typing.get_args(annotation)[-1:] == (Ellipsis,)):
+            kwargs.update(nargs="+", **_scalar(typing.get_args(annotation)[0]))
+        else:
+            kwargs.update(_scalar(annotation))
+        if name in choices:
+            kwargs["choices"] = choices[name]
+        kwargs.setdefault("default", None)
+        _flag(parser, flag, **kwargs)
+
+
+def eval_flags(p: Any, builtin_only: bool = False) -> None:
+    """Declare the eval / rescore flags on ``p`` (an argparse parser, or flows/cli/flags.py's recorder) from the
+    live parameter models and registries; ``builtin_only``: registry choices without installed plugins' names."""
+    from clipcache.flows.config.params import EvaluateParams
+    from clipcache.tasks.evaluation import TASKS
+    from clipcache.tasks.models import LOADERS
+    from clipcache.tasks.models.api_spec import ApiFields
+
+    def names(registry: Any) -> list[str]:
+        return [n for n in registry.names() if not builtin_only or registry.origin(n) == "clipcache"]
+
+    models = p.add_argument_group("models (evaluated as the product of --model and --pretrained, as clip_benchmark)")
+    _flag(models, "model", nargs="+", default=None, help="open_clip architecture, local-dir:PATH, hf-hub:ORG/REPO, "
+                                                         "HF/ModelScope id, local directory, or tiny-shapes-clip")
+    _flag(models, "pretrained", nargs="+", default=None, help="open_clip pretrained tags or checkpoint files")
+    _flag(models, "pretrained_model", nargs="+", default=None,
+          help="instead of the product: ARCH,PRETRAINED pairs, collections (openai, openclip_base, "
+               "openclip_multilingual, openclip_all) or files with one ARCH,PRETRAINED per line")
+    _flag(models, "model_type", default="auto", choices=["auto", *names(LOADERS)],
+          help="which loader reads the model (auto: the first that recognises the name)")
+    _flag(models, "arch_config", default=None, help="extra open_clip architecture JSON file or folder")
+    _flag(models, "revision", default=None, help="hub revision (branch, tag or commit) of hub model ids")
+    _flag(models, "trust_remote_code", action="store_true", default=False,
+          help="run the Python code the models' own local folders supply (--model_type internvl); recorded, with "
+               "a hash of every code file, in each model's identity")
+    add_param_flags(models, ApiFields, {})  # --api_base, --api_revision, ... of api: models (docs/api_models.md)
+    add_param_flags(p, EvaluateParams, {"task": ["auto", *names(TASKS)]})
+    amp = p.add_mutually_exclusive_group()
+    amp.add_argument("--amp", dest="amp", action="store_true", default=False,
+                     help="mixed precision: bf16 on CPU, fp16 on CUDA")
+    amp.add_argument("--no_amp", "--no-amp", dest="amp", action="store_false", help="fp32 (default; parity)")
+    _flag(p, "quiet", action="store_true", default=False, help="no progress bars")
+    _flag(p, "orchestrator", choices=["auto", "prefect", "local"], default="auto",
+          help="prefect: every run a Prefect flow run; local: plain calls; auto (default): prefect when a Prefect "
+               "server is configured (PREFECT_API_URL or `clipcache server start`), else local")
+
 
 
 class Recorder:
@@ -52,9 +146,7 @@ class Recorder:
 
 
 def live_description() -> list[dict[str, Any]]:
-    """The flags as flows/cli/app.py declares them from the live models (imports the parameter models)."""
-    from clipcache.flows.cli.app import eval_flags
-
+    """The flags as ``eval_flags`` declares them from the live models (imports the parameter models)."""
     recorder = Recorder()
     eval_flags(recorder, builtin_only=True)
     return json.loads(json.dumps(recorder.calls))  # as read back from the file: tuples become lists
@@ -73,8 +165,6 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     missing or unreadable)."""
     calls = stored_description()
     if calls is None:
-        from clipcache.flows.cli.app import eval_flags
-
         eval_flags(parser)
         return
     groups: dict[Any, Any] = {}

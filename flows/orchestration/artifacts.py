@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from clipcache.flows.cli.console import cache_state, format_value
+from clipcache.flows.orchestration.summary import cache_state, format_value
 
 
 def _link(path: str) -> str:
