@@ -25,7 +25,7 @@ def experiment_for(spec: ModelSpec, session: Any, task: EvalTask, prepared: Prep
         split=source.split, language=source.language, task=task.name, precision=session.precision,
         sample_limit=source.limit, prompts=prepared.prompts_sha256, default_prompts=prepared.default_prompts,
         options=options_json({**task.options(settings), **annotation_option(source.annotation_file),
-                              **decode_option(session.decode, task)}),
+                              **reader_option(prepared.data), **decode_option(session.decode, task)}),
         pretrained=session.resolved.checkpoint_label,
         model_dir=spec.basename)
 
@@ -43,6 +43,13 @@ def full_when_untruncated(task: EvalTask, prepared: Prepared, prompts: PromptSet
         if probe.n_samples > limit:
             return prepared
     return replace(prepared, source=replace(prepared.source, limit=None))
+
+
+def reader_option(data: Any) -> dict[str, str]:
+    """A dataset read otherwise than LAION clip_benchmark reads its name (InternVL's fork layout of Flickr30K, its
+    captions cleaned) is another experiment; every other reading adds nothing, so existing experiment ids stay."""
+    reader = getattr(data, "experiment_reader", None)
+    return {"reader": reader} if isinstance(reader, str) and reader else {}
 
 
 def decode_option(decode: str, task: EvalTask) -> dict[str, str]:

@@ -55,3 +55,33 @@ def make_internvl_folder(folder: Path, seed: int = 0) -> Path:
     CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}, resample=3,
                        image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD).save_pretrained(folder)
     return folder
+
+
+def fork_retrieval_wiring(folder: str | Path, mode: str):
+    """(model, tokenize, image transform) for InternVL's retrieval models as its clip_benchmark fork wires them,
+    for LAION clip_benchmark's ``zeroshot_retrieval.evaluate``: ``encode_image`` in ``mode``, ``encode_text``, the
+    ``summarize:`` prefix with the slow tokenizer padded with 0 to 80 tokens, and the square resize (no crop)."""
+    from transformers import AutoModel, AutoTokenizer, CLIPImageProcessor
+
+    module = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    processor = CLIPImageProcessor.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, use_fast=False, add_bos_token=True, add_eos_token=True,
+                                              padding_side="right")
+    tokenizer.pad_token_id = 0
+
+    class Fork(torch.nn.Module):
+        def encode_image(self, image):
+            return module.encode_image(image, mode=mode)
+
+        def encode_text(self, text):
+            return module.encode_text(text)
+
+    def tokenize(texts):
+        return tokenizer(["summarize:" + t for t in texts], return_tensors="pt", max_length=80, truncation=True,
+                         padding="max_length").input_ids
+
+    def transform(image):
+        return processor(images=image.convert("RGB"), return_tensors="pt", do_center_crop=False,
+                         size={"height": 32, "width": 32}).pixel_values[0]
+
+    return Fork(), tokenize, transform

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from internvl_fixtures import make_internvl_folder
+from internvl_fixtures import fork_retrieval_wiring, make_internvl_folder
 from PIL import Image
 
 from clipcache.storage.errors import DatasetError
@@ -136,29 +136,8 @@ def _fork_metrics(key: str, recall_k: list[int]) -> dict[str, float]:
     from clip_benchmark.datasets.flickr import Flickr
     from clip_benchmark.metrics import zeroshot_retrieval
     from torchvision.datasets import CocoCaptions
-    from transformers import AutoModel, AutoTokenizer, CLIPImageProcessor
 
-    module = AutoModel.from_pretrained(FOLDER, trust_remote_code=True).eval()
-    processor = CLIPImageProcessor.from_pretrained(FOLDER)
-    tokenizer = AutoTokenizer.from_pretrained(FOLDER, use_fast=False, add_bos_token=True, add_eos_token=True,
-                                              padding_side="right")
-    tokenizer.pad_token_id = 0
-    mode = "InternVL-G" if key.endswith("_g") else "InternVL-C"
-
-    class Fork(torch.nn.Module):
-        def encode_image(self, image):
-            return module.encode_image(image, mode=mode)
-
-        def encode_text(self, text):
-            return module.encode_text(text)
-
-    def tokenize(texts):
-        return tokenizer(["summarize:" + t for t in texts], return_tensors="pt", max_length=80, truncation=True,
-                         padding="max_length").input_ids
-
-    def transform(image):
-        return processor(images=image.convert("RGB"), return_tensors="pt", do_center_crop=False,
-                         size={"height": 32, "width": 32}).pixel_values[0]
+    model, tokenize, transform = fork_retrieval_wiring(FOLDER, "InternVL-G" if key.endswith("_g") else "InternVL-C")
 
     def clean(captions):
         return [fork_caption(c) for c in captions]
@@ -171,7 +150,7 @@ def _fork_metrics(key: str, recall_k: list[int]) -> dict[str, float]:
         ds = CocoCaptions(root, f"{root}/coco-cn_test.json", transform=transform, target_transform=clean)
     loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=False, num_workers=0,
                                          collate_fn=get_dataset_collate_fn("mscoco_captions"))
-    return zeroshot_retrieval.evaluate(Fork(), loader, tokenize, "cpu", amp=False, recall_k_list=recall_k)
+    return zeroshot_retrieval.evaluate(model, loader, tokenize, "cpu", amp=False, recall_k_list=recall_k)
 
 
 @pytest.mark.parametrize("key", list(SEED))

@@ -153,6 +153,10 @@ def _flickr(name: str, entry: Entry, root: Path, split: str, limit: int | None, 
         from clipcache.tasks.datasets.internvl_cn import load_flickr30k_cn
 
         return load_flickr30k_cn(name, root, split, limit, annotation_file=annotation_file)
+    from clipcache.tasks.datasets.internvl_flickr import is_fork_layout, load_flickr30k_fork
+
+    if is_fork_layout(name, root, split, language, annotation_file):  # InternVL's fork: Images/, cleaned captions
+        return load_flickr30k_fork(name, root, split, limit, annotation_file=annotation_file)
     from clipcache.tasks.datasets.original_captions import load_flickr
 
     return load_flickr(name, root, split, limit, language=language, annotation_file=annotation_file)
