@@ -28,7 +28,7 @@ from clipcache.tasks.models.spec import ModelSpec
 from tests.layout_fixtures import SPLITS, no_integrity_checks, write_layout
 
 # cifar10/100, imagenet1k, babel_imagenet and flickr have their own tests (tests/test_original_layouts.py).
-OWN_TESTS = {"cifar10", "cifar100", "imagenet1k", "flickr30k", "flickr8k", "babel_imagenet"}
+OWN_TESTS = {"cifar10", "cifar100", "imagenet1k", "flickr30k", "flickr8k", "babel_imagenet", "birdsnap"}
 NAMES = sorted(n for n in layouts() if n not in OWN_TESTS)
 CASES = [(n, s) for n in NAMES for s in SPLITS[n]]
 MULTILINGUAL = {"multilingual_mscoco_captions": "it", "crossmodal3600": "fr", "xtd10": "jp", "xtd200": "deu_Latn",

@@ -180,6 +180,18 @@ def _captions_json(name: str, entry: Entry, root: Path, split: str, limit: int |
     return load_captions_json(name, root, split, limit, entry, language=language, annotation_file=annotation_file)
 
 
+def _birdsnap(name: str, entry: Entry, root: Path, split: str, limit: int | None, **_: Any) -> EvalDataset:
+    from clipcache.tasks.datasets.birdsnap import load_birdsnap
+
+    return load_birdsnap(name, entry, root, split, limit)
+
+
+def _birdsnap_present(name: str, entry: Entry, root: Path, split: str) -> bool:
+    from clipcache.tasks.datasets.birdsnap import is_birdsnap_folder
+
+    return is_birdsnap_folder(name, entry, root, split)
+
+
 RETRIEVAL = "zeroshot_retrieval"
 READERS: dict[str, LayoutReader] = {
     "torchvision": LayoutReader("torchvision {class}", _torchvision),
@@ -195,4 +207,5 @@ READERS: dict[str, LayoutReader] = {
     "flickr": LayoutReader("Karpathy captions", _flickr, _flickr_present, task=RETRIEVAL),
     "coco": LayoutReader("COCO Karpathy JSON", _coco, _coco_present, task=RETRIEVAL),
     "captions_json": LayoutReader("caption JSON", _captions_json, _captions_json_present, task=RETRIEVAL),
+    "birdsnap": LayoutReader("InternVL's Birdsnap lists", _birdsnap, _birdsnap_present),
 }
