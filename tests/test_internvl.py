@@ -90,11 +90,6 @@ def test_the_pth_form_is_refused_with_the_way_to_the_folder(here, capsys):
         assert "OpenGVLab/InternVL-14B-224px" in err
 
 
-def test_a_hub_id_is_refused_code_runs_only_from_a_local_folder(here, capsys):
-    code, _, err = run_cli(seed_argv("mnist", "--trust_remote_code", folder="OpenGVLab/InternVL-14B-224px"), capsys)
-    assert_refused(code, err, "give a local folder")
-
-
 def test_the_opt_in_does_not_spread_to_another_loader(here):
     with pytest.raises(ModelError, match="the hf loader never runs it"):
         resolve_model(ModelSpec(model_name=str(here / "pretrained" / "InternVL-14B-224px"), model_type="hf",

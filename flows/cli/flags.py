@@ -107,8 +107,8 @@ def eval_flags(p: Any, builtin_only: bool = False) -> None:
     _flag(models, "arch_config", default=None, help="extra open_clip architecture JSON file or folder")
     _flag(models, "revision", default=None, help="hub revision (branch, tag or commit) of hub model ids")
     _flag(models, "trust_remote_code", action="store_true", default=False,
-          help="run the Python code the models' own local folders supply (--model_type internvl); recorded, with "
-               "a hash of every code file, in each model's identity")
+          help="run the Python code the models' own folders supply (local, or a hub repository's snapshot; "
+               "--model_type internvl); recorded, with a hash of every code file, in each model's identity")
     add_param_flags(models, ApiFields, {})  # --api_base, --api_revision, ... of api: models (docs/api_models.md)
     add_param_flags(p, EvaluateParams, {"task": ["auto", *names(TASKS)]})
     amp = p.add_mutually_exclusive_group()

@@ -15,8 +15,9 @@ line that says how to opt in: a model-loader plugin that makes its own trust dec
 
 The one built-in exception is the ecosystem's explicit opt-in, ``trust_remote_code`` on one model (the CLI's
 ``--trust_remote_code``, the key in an evalscope model entry or a ModelSpec), honoured only by the loaders that need
-it (``internvl``). Such a loader runs the code of that model's local folder and nothing else: :func:`code_files`
-hashes every Python file the folder supplies into the model's identity (a changed file is another experiment) and
+it (``internvl``). Such a loader runs the code of that model's folder (a local one, or the snapshot of its hub
+repository, downloaded first without importing anything) and nothing else: :func:`code_files` hashes every Python
+file the folder supplies into the model's identity (a changed file is another experiment) and
 :func:`local_auto_map` refuses an ``auto_map`` that names another repository's code.
 """
 

@@ -25,9 +25,10 @@ class ModelSpec(ApiFields):  # ApiFields: the api_* settings of api: models (uns
     revision: str | None = Field(None, description="hub revision (branch, tag or commit) for hub ids")
     hub: Hub = Field("huggingface", description="where an 'org/name' id is fetched from when model_type is auto "
                                                 "(local: model_name is a folder, evalscope's HubType.LOCAL)")
-    trust_remote_code: bool = Field(False, description="run the Python code this model's own local folder "
-                                                       "supplies (--model_type internvl): recorded in its identity "
-                                                       "with a hash of every code file; never for another model")
+    trust_remote_code: bool = Field(False, description="run the Python code this model's own folder (local, "
+                                                       "or its hub repository's snapshot) supplies (--model_type "
+                                                       "internvl): recorded in its identity with a hash of every "
+                                                       "code file; never for another model")
 
     @field_validator("model_name", "pretrained", "revision")
     @classmethod
