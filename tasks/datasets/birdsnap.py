@@ -53,7 +53,8 @@ def _lines(path: Path, name: str) -> list[str]:
 
 def _species(path: Path, name: str) -> tuple[list[str], dict[str, int]]:
     """(class names, folder -> class index) from species.txt's rows."""
-    classes, folders = [], {}
+    classes: list[str] = []
+    folders: dict[str, int] = {}
     for n, line in enumerate(_lines(path, name), start=2):
         columns = line.split("\t")
         if len(columns) < 2:
