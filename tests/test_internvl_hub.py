@@ -115,6 +115,9 @@ def test_offline_with_nothing_cached_is_one_line(hub, capsys, monkeypatch):
                                                                    "--quiet", "--orchestrator", "local"], capsys)
     assert_refused(code, err, f"could not get {REPO} from the Hugging Face hub or its local cache")
     assert hub.requests == []
+    with pytest.raises(ModelError, match="from the Hugging Face hub only"):
+        resolve_model(ModelSpec(model_name="internvl_c_classification", pretrained=REPO, hub="modelscope",
+                                model_type="internvl", trust_remote_code=True), FileHashMemo(None))
     with pytest.raises(ModelError, match="not a Hugging Face repository id"):
         resolve_model(ModelSpec(model_name="internvl_c_classification", pretrained="hf-hub:no-slash",
                                 model_type="internvl", trust_remote_code=True), FileHashMemo(None))

@@ -84,6 +84,9 @@ def _snapshot(spec: ModelSpec, repo: str, model_cache_dir: str | None) -> Path:
 
     if not HUB_ID.match(repo):
         raise ModelError(f"--pretrained {spec.pretrained}: {repo!r} is not a Hugging Face repository id (ORG/NAME)")
+    if spec.hub == "modelscope":
+        raise ModelError(f"--pretrained {spec.pretrained}: InternVL is fetched from the Hugging Face hub only "
+                         f"(HF_ENDPOINT for a mirror); download a ModelScope copy yourself and give its folder")
     try:
         folder = snapshot_download(repo, revision=spec.revision, cache_dir=model_cache_dir,
                                    endpoint=os.environ.get("HF_ENDPOINT") or None)
