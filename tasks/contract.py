@@ -4,6 +4,10 @@ The encode and score stages, the evaluation tasks and the flows import these typ
 here imports a stage. ``clipcache.tasks.evaluation.base`` re-exports them beside ``EvalTask``. Naming and validating
 import this module, so it stays light: no numpy, torch or zarr.
 
+A task is generic over what its ``prepare`` opens (``Prepared[DataT]``: an ``EvalDataset``, a text-retrieval corpus,
+...), and every task encodes through the same :class:`EncodeSession` (a protocol: what the tasks and the encode stage
+read from a model session; ``tasks/encode/stage.py``'s ``ModelSession`` is the one the flows make).
+
 Each task's settings that change its numbers are a :class:`TaskOptions` model of its own (``EvalTask.Options``); the
 shared settings (batch size, k values, device) are plain fields of :class:`EncodeSettings` and
 :class:`ScoreSettings`, which carry the task's options to it.
@@ -12,14 +16,20 @@ shared settings (batch size, k values, device) are plain fields of :class:`Encod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from clipcache.storage.errors import ClipcacheError
 
-if TYPE_CHECKING:  # naming tasks and validating parameters must not import rich
+if TYPE_CHECKING:  # naming tasks and validating parameters must not import rich, numpy or torch
+    import torch
+
+    from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset
+    from clipcache.tasks.models.base import EmbeddingModel
+    from clipcache.tasks.models.loader import ResolvedModel
     from clipcache.tasks.progress import StageProgress
+    from clipcache.tasks.score.evidence import Evidence
 
 BATCH_SIZE = 64  # clip_benchmark's --batch_size: images or texts per forward pass, and logits per scoring block
 Ties = Literal["topk", "stable"]
@@ -50,7 +60,7 @@ class DataSource:
     language: str = "en"  # readers whose files differ by language (flickr30k_test_zh.txt) read that language's
     annotation_file: str | None = None  # a caption dataset's annotation file in place of its default one
 
-    def open(self, progress: StageProgress | None = None) -> Any:
+    def open(self, progress: StageProgress | None = None) -> EvalDataset:
         from clipcache.tasks.datasets import open_dataset
 
         return open_dataset(self.name, self.root, self.split, self.limit, hub=self.hub, cache_dir=self.data_dir,
@@ -118,16 +128,49 @@ class PromptSettings:
     templates: str | None = None
 
 
+class EncodeSession(Protocol):
+    """What a task and the encode stage read from a model session: the resolved model (its identity goes into every
+    cache key), where and how it runs, and the model itself (loaded on first use). ``tasks/encode/stage.py``'s
+    ``ModelSession`` is the one the flows make; a task never needs more than this."""
+
+    @property
+    def resolved(self) -> ResolvedModel: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def amp(self) -> bool: ...
+
+    @property
+    def precision(self) -> str: ...  # part of every cache key
+
+    @property
+    def decode(self) -> str: ...  # where images are decoded (DecodeMode): gpu is another preprocessing, keyed apart
+
+    @property
+    def model(self) -> EmbeddingModel: ...  # loads the weights on first use
+
+
+DataT = TypeVar("DataT")  # what a task's prepare opened (EvalDataset, TextRetrievalData, ...)
+
+
 @dataclass
-class Prepared:
+class Prepared(Generic[DataT]):
     """A dataset opened for one task, with what identifies it in results."""
 
-    data: Any
+    data: DataT
     n_samples: int
     source: DataSource
-    prompts: Any = None  # ClassPrompts for tasks that use them
+    prompts: ClassPrompts | None = None  # for tasks that use them
     default_prompts: bool = True
     prompts_sha256: str | None = None
+
+    def class_prompts(self) -> ClassPrompts:
+        """The class prompts ``prepare`` chose, for a task that uses them (``uses_prompts``)."""
+        if self.prompts is None:  # a bug, not bad input: such a task's prepare always chooses them
+            raise TypeError(f"{self.source.name}: prepared without class prompts")
+        return self.prompts
 
 
 @dataclass
@@ -157,4 +200,4 @@ class Scored:
     n_samples: int
     tied: dict[str, int] = field(default_factory=dict)  # flat metric name -> tie-sensitive queries
     seconds: float = 0.0
-    evidence: Any = None  # tasks.score.evidence.Evidence: per-sample outcomes and intervals (tasks that keep them)
+    evidence: Evidence | None = None  # per-sample outcomes and intervals (tasks that keep them)

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from clipcache.storage.experiment import Experiment, options_json
-from clipcache.tasks.contract import Prepared, PromptSettings, ScoreSettings
+from clipcache.tasks.contract import EncodeSession, Prepared, PromptSettings, ScoreSettings
 from clipcache.tasks.evaluation.base import EvalTask
 from clipcache.tasks.models.spec import ModelSpec
 from clipcache.tasks.progress import StageProgress
 
 
-def experiment_for(spec: ModelSpec, session: Any, task: EvalTask, prepared: Prepared,
+def experiment_for(spec: ModelSpec, session: EncodeSession, task: EvalTask, prepared: Prepared,
                    settings: ScoreSettings) -> Experiment:
     source = prepared.source
     return Experiment(

@@ -39,6 +39,7 @@ from clipcache.tasks.results import RunInfo, clipcache_version, existing_result,
 
 if TYPE_CHECKING:
     from clipcache.flows.orchestration.scaleout import ShardedEncoder
+    from clipcache.tasks.encode.stage import ModelSession
 
 log = logging.getLogger("clipcache.flow")
 
@@ -112,7 +113,8 @@ def choose_task(task: str, dataset: str, dataset_root: str | None) -> EvalTask:
     return get_task(default_task(dataset, dataset_root) if task == "auto" else task)
 
 
-def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: Any, dataset: str, language: str) -> list[PairResult]:
+def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: ModelSession, dataset: str,
+                  language: str) -> list[PairResult]:
     """One (model, dataset, language): prepare, encode once, then score and write each variant the run asks for
     (several --fewshot_k values: one experiment each, over the same cache entries)."""
     shared, stages = ctx.settings, ctx.stages

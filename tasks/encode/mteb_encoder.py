@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from PIL import Image
 
     from clipcache.storage.embedding_store import EmbeddingStore
-    from clipcache.tasks.encode.stage import ModelSession
+    from clipcache.tasks.contract import EncodeSession
     from clipcache.tasks.models.base import EmbeddingModel
 
 log = logging.getLogger("clipcache.mieb")
@@ -78,7 +78,7 @@ def input_columns(dataset: Any) -> set[str]:
     return {str(name) for name in names}
 
 
-def image_pool_fields(session: ModelSession) -> dict[str, Any]:
+def image_pool_fields(session: EncodeSession) -> dict[str, Any]:
     """The pool of a model's image vectors: everything but the content that changes a vector (the model identity
     holds the resolved preprocessing; images reach it decoded by ``datasets`` and PIL, never ``--decode gpu``)."""
     return {"role": IMAGE_ROLE, "model": session.resolved.image_identity, "precision": session.precision}
@@ -223,7 +223,7 @@ class CachedMtebEncoder(_MtebEncoder):
     """A clipcache model session behind mteb's encoder protocol, answering from the cache. ``cached_only``: a
     missing vector is a CacheMissError instead of a forward pass (rescore)."""
 
-    def __init__(self, session: ModelSession, store: EmbeddingStore, *, batch_size: int, cached_only: bool = False,
+    def __init__(self, session: EncodeSession, store: EmbeddingStore, *, batch_size: int, cached_only: bool = False,
                  progress: Any = None):
         from clipcache.tasks.models.loader import library_version
 

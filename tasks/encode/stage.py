@@ -19,7 +19,7 @@ from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import digest
 from clipcache.storage.text_pool import PoolLookup, TextPool, text_sha256
-from clipcache.tasks.contract import CacheMissError, EncodeSettings
+from clipcache.tasks.contract import CacheMissError, EncodeSession, EncodeSettings
 from clipcache.tasks.datasets.base import EvalDataset
 from clipcache.tasks.encode.batches import ImageBatch, iter_image_batches, model_batches  # noqa: F401 (re-exported)
 from clipcache.tasks.encode.overlap import BackgroundWriter, DeviceFeeder
@@ -96,14 +96,14 @@ class EncodeOutcome:
         return [self.ref.key]
 
 
-def image_key_fields(session: ModelSession, dataset_identity: dict[str, Any], split: str, limit: int | None) -> dict:
+def image_key_fields(session: EncodeSession, dataset_identity: dict[str, Any], split: str, limit: int | None) -> dict:
     # the decode mode only where it is not the default: every key made before --decode existed stays valid
     decode = {"decode": session.decode} if session.decode != "cpu" else {}
     return {"role": "image", "model": session.resolved.image_identity, "precision": session.precision,
             "dataset": dataset_identity, "split": split, "limit": limit, **decode}
 
 
-def caption_key_fields(session: ModelSession, dataset_identity: dict[str, Any], split: str, limit: int | None) -> dict:
+def caption_key_fields(session: EncodeSession, dataset_identity: dict[str, Any], split: str, limit: int | None) -> dict:
     """Caption entries hold each distinct caption text once (``layout: distinct``) plus the caption -> row and
     caption -> sample maps."""
     return {"role": "caption", "model": session.resolved.identity, "precision": session.precision,
@@ -126,7 +126,7 @@ def check_cached(store: EmbeddingStore, wanted: list[tuple[dict, str]]) -> None:
         raise CacheMissError(missing)
 
 
-def prompt_pool_fields(session: ModelSession) -> dict:
+def prompt_pool_fields(session: EncodeSession) -> dict:
     """The pool of class-prompt vectors of one model: shared by every dataset and template set."""
     return {"role": "prompt", "model": session.resolved.identity, "precision": session.precision}
 
@@ -146,7 +146,7 @@ class PromptOutcome:
         return list(self.lookup.batch_keys)
 
 
-def encode_prompts(session: ModelSession, prompts: list[str], store: EmbeddingStore, batch_size: int,
+def encode_prompts(session: EncodeSession, prompts: list[str], store: EmbeddingStore, batch_size: int,
                    progress: StageProgress, label: str) -> PromptOutcome:
     """Encode only the prompt texts this model has never seen; return where every requested prompt's vector is."""
     pool = TextPool(store, digest(prompt_pool_fields(session)))
@@ -167,7 +167,7 @@ def _cache_hit(store: EmbeddingStore, key_fields: dict) -> EncodeOutcome:
     return EncodeOutcome(store.open(entry_key(key_fields), key_fields).ref(), cache_hit=True)
 
 
-def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingStore, key_fields: dict,
+def encode_images(session: EncodeSession, dataset: EvalDataset, store: EmbeddingStore, key_fields: dict,
                   settings: EncodeSettings, progress: StageProgress, *, raw: bool = False) -> EncodeOutcome:
     """Encode a dataset's images into one entry (resumable); ``raw``: a new entry keeps the raw rows too (tasks
     that hand raw features on; an entry written without them stays as it is and is read as row x norm)."""
@@ -219,7 +219,7 @@ def encode_images(session: ModelSession, dataset: EvalDataset, store: EmbeddingS
     return EncodeOutcome(ref, cache_hit=False, resumed=start > 0, encoded=encoded)
 
 
-def encode_texts(session: ModelSession, texts: list[str], store: EmbeddingStore, key_fields: dict, *, kind: str,
+def encode_texts(session: EncodeSession, texts: list[str], store: EmbeddingStore, key_fields: dict, *, kind: str,
                  batch_size: int, progress: StageProgress, label: str, aux_values: dict[str, np.ndarray] | None = None,
                  meta: dict[str, Any] | None = None,
                  extra_arrays: dict[str, np.ndarray] | None = None, raw: bool = False) -> EncodeOutcome:
@@ -279,7 +279,7 @@ def distinct_captions(dataset: EvalDataset) -> tuple[list[str], np.ndarray, np.n
     return list(rows), np.asarray(caption_row, dtype=np.int64), np.asarray(caption_sample, dtype=np.int64)
 
 
-def encode_captions(session: ModelSession, dataset: EvalDataset, store: EmbeddingStore, key_fields: dict,
+def encode_captions(session: EncodeSession, dataset: EvalDataset, store: EmbeddingStore, key_fields: dict,
                     settings: EncodeSettings, progress: StageProgress) -> EncodeOutcome:
     """The caption entry of a retrieval dataset: one row per distinct text, and the maps back to captions."""
     texts, caption_row, caption_sample = distinct_captions(dataset)

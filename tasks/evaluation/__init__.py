@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from clipcache.storage.errors import ConfigError
 from clipcache.tasks.evaluation.base import (
     DataSource,
+    EncodeSession,
     EncodeSettings,
     EvalTask,
     PromptSettings,
@@ -77,7 +78,7 @@ def dbt_vars() -> dict[str, Any]:
             **groups.dbt_vars()}
 
 
-def evaluate_one(task: str, session: Any, source: DataSource, store: EmbeddingStore, memo: FileHashMemo, *,
+def evaluate_one(task: str, session: EncodeSession, source: DataSource, store: EmbeddingStore, memo: FileHashMemo, *,
                  encode: EncodeSettings | None = None, score: ScoreSettings | None = None,
                  prompts: PromptSettings | None = None, options: TaskOptions | Mapping[str, Any] | None = None,
                  progress: StageProgress | None = None) -> Scored:

@@ -21,6 +21,7 @@ from clipcache.tasks.datasets.any2any import Any2AnyData, Side, open_any2any
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
+    EncodeSession,
     EncodeSettings,
     EvalTask,
     Prepared,
@@ -32,12 +33,13 @@ from clipcache.tasks.evaluation.base import (
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.datasets.any2any import Any2AnyData
     from clipcache.tasks.progress import StageProgress
 
 K_ALWAYS = 10
 
 
-class Any2AnyRetrieval(EvalTask):
+class Any2AnyRetrieval(EvalTask["Any2AnyData"]):
     name = "any2any_retrieval"
     short = "any2any"
     description = "images and texts as queries and documents (MIEB Any2Any): ndcg, map, recall, precision, mrr @k"
@@ -45,7 +47,7 @@ class Any2AnyRetrieval(EvalTask):
     reads = ("any2any",)
     main_metrics = (("ndcg", 10, "ndcg@10", 1),)
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[Any2AnyData]:
         from clipcache.tasks.evaluation.common import dataset_root
 
         root = dataset_root(source, self.name, "a folder with corpus.jsonl, queries.jsonl "
@@ -53,8 +55,8 @@ class Any2AnyRetrieval(EvalTask):
         data = open_any2any(source.name, root, source.split, source.limit)
         return Prepared(data, len(data.queries.ids), source)
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
+    def encode(self, session: EncodeSession, prepared: Prepared[Any2AnyData], store: EmbeddingStore,
+               memo: FileHashMemo, settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
         from clipcache.tasks.encode.stage import check_cached, encode_images, encode_texts
 
@@ -84,7 +86,8 @@ class Any2AnyRetrieval(EvalTask):
                                               meta={"dataset": data.name, "split": data.split})
         return Encoded(outcomes, seconds=time.perf_counter() - started)
 
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[Any2AnyData],
+              settings: ScoreSettings) -> Scored:
         from clipcache.tasks.score.retrieval_evidence import rank_text_queries, text_retrieval_evidence
         from clipcache.tasks.score.text_retrieval import per_query_metrics
 

@@ -11,6 +11,11 @@ language):
   missing entry is a :class:`CacheMissError`), and return small references to them;
 - ``score``: metrics from the cache entries alone (no model, no image).
 
+``EvalTask`` is generic over what ``prepare`` opens (``EvalTask[EvalDataset]``: ``Prepared[EvalDataset]`` is what its
+``encode`` and ``score`` receive), and ``encode`` gets the model through the :class:`EncodeSession` protocol. The
+tasks that learn from or cluster a classification dataset's cached image features share ``prepare`` and ``encode``
+in ``clipcache.tasks.evaluation.probes``.
+
 A new task is one module with one subclass, plus one line in ``clipcache.tasks.evaluation`` (or an entry point in the
 group ``clipcache.tasks``).
 """
@@ -18,12 +23,14 @@ group ``clipcache.tasks``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic
 
 from clipcache.tasks.contract import (
     CacheMissError,
     DataSource,
+    DataT,
     Encoded,
+    EncodeSession,
     EncodeSettings,
     Prepared,
     PromptSettings,
@@ -35,8 +42,8 @@ from clipcache.tasks.contract import (
 
 # The shared types live in clipcache.tasks.contract (below the stages); they are re-exported here for the code,
 # docs and plugins that import them from this module.
-__all__ = ["CacheMissError", "DataSource", "EncodeSettings", "Encoded", "EvalTask", "Prepared", "PromptSettings",
-           "ScoreSettings", "Scored", "SeededOptions", "TaskOptions", "data_kind"]
+__all__ = ["CacheMissError", "DataSource", "DataT", "EncodeSession", "EncodeSettings", "Encoded", "EvalTask",
+           "Prepared", "PromptSettings", "ScoreSettings", "Scored", "SeededOptions", "TaskOptions", "data_kind"]
 
 if TYPE_CHECKING:  # naming tasks and validating parameters must not import zarr, numpy or rich
     from clipcache.storage.embedding_store import EmbeddingStore
@@ -58,7 +65,7 @@ def data_kind(role: str, dataset_format: str, arrays: tuple[str, ...]) -> str:
     return "classification" if "target" in arrays else "retrieval"
 
 
-class EvalTask(ABC):
+class EvalTask(ABC, Generic[DataT]):
     name: ClassVar[str]
     short: ClassVar[str]  # the console's name for it
     description: ClassVar[str]
@@ -88,14 +95,15 @@ class EvalTask(ABC):
         return self.Options.of(settings).changed()
 
     @abstractmethod
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared: ...
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[DataT]: ...
 
     @abstractmethod
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
+    def encode(self, session: EncodeSession, prepared: Prepared[DataT], store: EmbeddingStore, memo: FileHashMemo,
                settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
         ...
 
     @abstractmethod
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[DataT],
+              settings: ScoreSettings) -> Scored:
         ...

@@ -26,6 +26,8 @@ from clipcache.storage.errors import ConfigError
 
 if TYPE_CHECKING:
     from clipcache.storage.caption_cache import CaptionCache
+    from clipcache.tasks.contract import EncodeSession
+    from clipcache.tasks.datasets.base import EvalDataset
     from clipcache.tasks.progress import StageProgress
 
 
@@ -53,7 +55,7 @@ def image_sha256(image: Any) -> str:
     return hashlib.sha256(image_jpeg(image)).hexdigest()
 
 
-def generation_setup(session: Any, decoding: dict[str, Any]) -> dict[str, Any]:
+def generation_setup(session: EncodeSession, decoding: dict[str, Any]) -> dict[str, Any]:
     return {"generator": "open_clip.generate", "model": session.resolved.identity, "precision": session.precision,
             "decoding": decoding}
 
@@ -112,7 +114,7 @@ def cached_captions(cache: CaptionCache, keys: list[str]) -> list[str | None]:
     return [cache.get(k) for k in keys]
 
 
-def generate_missing(session: Any, dataset: Any, cache: CaptionCache, captions: list[str | None],
+def generate_missing(session: EncodeSession, dataset: EvalDataset, cache: CaptionCache, captions: list[str | None],
                      keys: list[str], *, decoding: dict[str, Any], batch_size: int, progress: StageProgress) -> int:
     """Caption every image without one with the session's model, in batches of ``batch_size``; each caption is
     appended to ``cache`` as its batch finishes. Returns how many were generated."""

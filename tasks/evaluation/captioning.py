@@ -22,6 +22,7 @@ from clipcache.tasks.contract import CacheMissError, TaskOptions
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
+    EncodeSession,
     EncodeSettings,
     EvalTask,
     Prepared,
@@ -33,12 +34,14 @@ from clipcache.tasks.evaluation.base import (
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.datasets.base import EvalDataset
+    from clipcache.tasks.evaluation.caption_sources import CaptionOutcome
     from clipcache.tasks.progress import StageProgress
 
 CaptionMetric = Literal["bleu", "meteor", "rouge", "cider", "spice", "clipscore"]
 
 
-class Captioning(EvalTask):
+class Captioning(EvalTask["EvalDataset"]):
     name = "captioning"
     short = "captioning"
     description = ("Bleu_1..4, METEOR, ROUGE_L, CIDEr, SPICE (pycocoevalcap) of one caption per image against "
@@ -91,15 +94,15 @@ class Captioning(EvalTask):
     def serves(self, role: str, kind: str) -> bool:
         return role == "caption_text" or (role == "image" and kind == "retrieval")
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[EvalDataset]:
         from clipcache.tasks.evaluation.common import check_language, open_for
 
         dataset = open_for("zeroshot_retrieval", source, progress)
         check_language(dataset, prompts.language)
         return Prepared(dataset, len(dataset), source)
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
+    def encode(self, session: EncodeSession, prepared: Prepared[EvalDataset], store: EmbeddingStore,
+               memo: FileHashMemo, settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
         from clipcache.tasks.score.caption_metrics import CLIPSCORE_PREFIX
 
@@ -117,8 +120,9 @@ class Captioning(EvalTask):
         return Encoded(outcomes, info={"references": references, "references_sha256": ref_sha},
                        seconds=time.perf_counter() - started)
 
-    def _captions(self, session: Any, dataset: Any, n: int, store: Any, memo: Any, *, options: Any,
-                  settings: EncodeSettings, progress: StageProgress) -> Any:
+    def _captions(self, session: EncodeSession, dataset: EvalDataset, n: int, store: EmbeddingStore,
+                  memo: FileHashMemo, *, options: Captioning.Options, settings: EncodeSettings,
+                  progress: StageProgress) -> CaptionOutcome:
         from pathlib import Path
 
         from clipcache.storage.caption_cache import CaptionCache, open_setup
@@ -158,7 +162,8 @@ class Captioning(EvalTask):
                                      batch_size=settings.batch_size, progress=progress)
         return CaptionOutcome(tuple(c or "" for c in found), {"setup": cache.setup, "key": cache.key}, generated)
 
-    def _references(self, dataset: Any, n: int, options: Any) -> tuple[list[list[str]], str | None]:
+    def _references(self, dataset: EvalDataset, n: int,
+                    options: Captioning.Options) -> tuple[list[list[str]], str | None]:
         from clipcache.storage.errors import DatasetError
         from clipcache.tasks.datasets.caption_files import read_references
 
@@ -170,7 +175,8 @@ class Captioning(EvalTask):
                                f"(give them with --caption_references)")
         return references, None
 
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[EvalDataset],
+              settings: ScoreSettings) -> Scored:
         import numpy as np
 
         from clipcache.tasks.evaluation.common import sample_keys
@@ -183,8 +189,9 @@ class Captioning(EvalTask):
         return Scored(metrics, prepared.n_samples, seconds=time.perf_counter() - started, evidence=evidence)
 
 
-def _clip_entries(session: Any, prepared: Prepared, store: Any, memo: Any, *, settings: EncodeSettings,
-                  progress: StageProgress, texts: list[tuple[str, list[str]]]) -> dict[str, Any]:
+def _clip_entries(session: EncodeSession, prepared: Prepared[EvalDataset], store: EmbeddingStore,
+                  memo: FileHashMemo, *, settings: EncodeSettings, progress: StageProgress,
+                  texts: list[tuple[str, list[str]]]) -> dict[str, Any]:
     """The image entry (shared with every task that reads the dataset's images) and one text entry per list of
     prefixed texts, keyed by the texts alone (role ``caption_text``), so the same captions or references scored on
     another dataset split or by another run share it."""

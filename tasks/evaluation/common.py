@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, SupportsInt, TypeVar
 
 from clipcache.storage.errors import ConfigError, DatasetError
-from clipcache.tasks.contract import DataSource, Encoded, EncodeSettings, PromptSettings
+from clipcache.tasks.contract import DataSource, Encoded, EncodeSession, EncodeSettings, Prepared, PromptSettings
 
 if TYPE_CHECKING:  # the tasks' Options are read when parameters are validated: no numpy or rich here
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
     from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset
+    from clipcache.tasks.encode.stage import EncodeOutcome
     from clipcache.tasks.progress import StageProgress
+
+ImageTextT = TypeVar("ImageTextT", bound="EvalDataset")  # an image-text dataset (a SelectionDataset, ...)
 
 KIND = {"zeroshot_classification": "a classification", "zeroshot_retrieval": "an image-text retrieval",
         "image_caption_selection": "an image-caption selection"}
@@ -33,8 +39,22 @@ def open_single_label(task: str, source: DataSource, progress: StageProgress) ->
     return dataset
 
 
-def encode_split_images(session: Any, dataset: EvalDataset, store: Any, memo: Any, settings: EncodeSettings,
-                        progress: StageProgress, *, limit: int | None, sharded: Any = None, raw: bool = False) -> Any:
+class ImagesWithTexts(Protocol):
+    """A task's data with one set of images and texts of its own (composed retrieval, multiple choice, WinoGAViL)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def split(self) -> str: ...
+
+    @property
+    def images(self) -> EvalDataset: ...
+
+
+def encode_split_images(session: EncodeSession, dataset: EvalDataset, store: EmbeddingStore, memo: FileHashMemo,
+                        settings: EncodeSettings, progress: StageProgress, *, limit: int | None,
+                        sharded: EncodeOutcome | None = None, raw: bool = False) -> EncodeOutcome:
     """The image entry of ``dataset`` (one split): from ``sharded`` workers, the cache, or encoded now; with
     ``cached_only`` a missing entry is a CacheMissError. Every task that reads images shares these entries; ``raw``:
     one encoded now keeps the raw rows too (an entry another task wrote keeps what it has)."""
@@ -47,7 +67,7 @@ def encode_split_images(session: Any, dataset: EvalDataset, store: Any, memo: An
     return sharded or encode_images(session, dataset, store, fields, settings, progress, raw=raw)
 
 
-def sample_keys(dataset: EvalDataset, positions: Any) -> list[str] | None:
+def sample_keys(dataset: EvalDataset, positions: Iterable[SupportsInt]) -> list[str] | None:
     """The own names (files, shard keys) of the samples at ``positions``, for their per-sample rows; None when the
     dataset has none."""
     keys = [dataset.sample_key(int(p)) for p in positions]
@@ -75,8 +95,9 @@ def class_prompts(dataset: EvalDataset, settings: PromptSettings) -> tuple[Class
     return chosen, chosen.sha256 == own.sha256
 
 
-def encode_images_and_captions(session: Any, prepared: Any, store: Any, memo: Any, settings: EncodeSettings,
-                               progress: StageProgress, *, sharded: dict[str, Any] | None = None) -> Any:
+def encode_images_and_captions(session: EncodeSession, prepared: Prepared[ImageTextT], store: EmbeddingStore,
+                               memo: FileHashMemo, settings: EncodeSettings, progress: StageProgress, *,
+                               sharded: dict[str, Any] | None = None) -> Encoded:
     """The image and caption entries of an image-text dataset (zero-shot retrieval, image-caption selection): from
     ``sharded`` workers, the cache, or encoded now; with ``cached_only`` every missing one is named at once."""
     import time
@@ -103,25 +124,10 @@ def encode_images_and_captions(session: Any, prepared: Any, store: Any, memo: An
     return Encoded({"image": images, "caption": captions}, seconds=time.perf_counter() - started)
 
 
-def encode_test_and_train(session: Any, prepared: Any, store: Any, memo: Any, settings: EncodeSettings,
-                          progress: StageProgress, *, task: str, train_split: str,
-                          sharded: dict[str, Any] | None = None, raw: bool = False) -> Encoded:
-    """The images of the test split (role ``image``) and of ``train_split`` (role ``train``), each through the cache:
-    what the tasks that fit on cached train features (kNN, MIEB's probe) read."""
-    import time
-    from dataclasses import replace
-
-    started = time.perf_counter()
-    train = open_single_label(task, replace(prepared.source, split=train_split), progress)
-    outcomes = {role: encode_split_images(session, dataset, store, memo, settings, progress,
-                                          limit=prepared.source.limit, sharded=(sharded or {}).get(role), raw=raw)
-                for role, dataset in (("image", prepared.data), ("train", train))}
-    return Encoded(outcomes, seconds=time.perf_counter() - started)
-
-
-def encode_images_and_texts(session: Any, data: Any, store: Any, memo: Any, settings: EncodeSettings,
-                            progress: StageProgress, *, limit: int | None, fmt: str, image_role: str,
-                            image_what: str, texts: dict[str, tuple[list[str], str, str]]) -> Encoded:
+def encode_images_and_texts(session: EncodeSession, data: ImagesWithTexts, store: EmbeddingStore,
+                            memo: FileHashMemo, settings: EncodeSettings, progress: StageProgress, *,
+                            limit: int | None, fmt: str, image_role: str, image_what: str,
+                            texts: dict[str, tuple[list[str], str, str]]) -> Encoded:
     """The entries of a task with one set of images (``data.images``) and texts keyed by their content alone.
 
     The images are keyed as every task's images are, under ``image_role``. ``texts`` maps each text role to (its
@@ -152,7 +158,7 @@ def encode_images_and_texts(session: Any, data: Any, store: Any, memo: Any, sett
     return Encoded(outcomes, seconds=time.perf_counter() - started)
 
 
-def probe_inputs(store: Any, encoded: Encoded, n_samples: int, task: str,
+def probe_inputs(store: EmbeddingStore, encoded: Encoded, n_samples: int, task: str,
                  features: str) -> tuple[dict[str, Any], dict[str, Any], Any]:
     """What a probe reads from its entries: each role's vectors (``features``: ``raw`` for the normalised rows x
     their stored norms, what mteb's CLIP-style wrappers give; ``normalized`` for the rows as cached), each role's

@@ -27,6 +27,7 @@ from clipcache.storage.errors import DatasetError
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
+    EncodeSession,
     EncodeSettings,
     EvalTask,
     Prepared,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from clipcache.storage.cache_entry import EmbeddingEntry
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.datasets.composed_layouts import ComposedData
     from clipcache.tasks.progress import StageProgress
     from clipcache.tasks.score.composed_retrieval import Subsets
     from clipcache.tasks.score.evidence import Evidence
@@ -72,7 +74,7 @@ def fusion_sides(image: EmbeddingEntry, text: EmbeddingEntry, n_texts: int, task
     return image.embeddings(), texts
 
 
-class ComposedRetrieval(EvalTask):
+class ComposedRetrieval(EvalTask["ComposedData"]):
     name = "composed_retrieval"
     short = "composed"
     description = "reference image + modifying text -> target image (CIRR, FashionIQ; MIEB it2i): recall@k, ndcg@10"
@@ -88,7 +90,7 @@ class ComposedRetrieval(EvalTask):
     def serves(self, role: str, kind: str) -> bool:
         return role in self.needs  # no other task writes these roles
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[ComposedData]:
         from clipcache.tasks.datasets.composed_layouts import open_composed
         from clipcache.tasks.evaluation.common import dataset_root
 
@@ -97,8 +99,8 @@ class ComposedRetrieval(EvalTask):
         data = open_composed(source.name, root, source.split, source.limit)
         return Prepared(data, len(data.targets), source)
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
+    def encode(self, session: EncodeSession, prepared: Prepared[ComposedData], store: EmbeddingStore,
+               memo: FileHashMemo, settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
         from clipcache.tasks.evaluation.common import encode_images_and_texts
 
@@ -107,7 +109,8 @@ class ComposedRetrieval(EvalTask):
                                        fmt="composed_retrieval", image_role=IMAGE, image_what="composed-query image",
                                        texts={TEXT: (data.texts, "modifier", "modifying text")})
 
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[ComposedData],
+              settings: ScoreSettings) -> Scored:
         import numpy as np
 
         from clipcache.tasks.score.cached_rows import image_rows

@@ -6,12 +6,13 @@ main metric for these sets, so the task has no headline number."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
+    EncodeSession,
     EncodeSettings,
     EvalTask,
     Prepared,
@@ -24,11 +25,19 @@ from clipcache.tasks.evaluation.common import class_prompts, encode_split_images
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
+    from clipcache.storage.sample_metadata import SampleMetadata
     from clipcache.tasks.datasets.base import EvalDataset
+    from clipcache.tasks.datasets.face_attributes import FaceAttributesDataset
     from clipcache.tasks.progress import StageProgress
 
+    class FaceData(EvalDataset, FaceAttributesDataset):
+        """What this task's prepare opens: an evaluation dataset that is also a FaceAttributesDataset, with each
+        face's metadata (both layouts are; tasks/datasets/group_layouts.py). A name for the type checker only."""
 
-class FaceAttributes(EvalTask):
+        def sample_metadata(self) -> SampleMetadata: ...
+
+
+class FaceAttributes(EvalTask["FaceData"]):
     name = "face_attributes"
     short = "face attributes"
     description = ("DataComp's FairFace / UTKFace evaluation: race, gender, age and toxic zero-shot heads per face; "
@@ -38,7 +47,7 @@ class FaceAttributes(EvalTask):
     reads = ("classification",)
     uses_prompts = True
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[FaceData]:
         from clipcache.tasks.datasets.face_attributes import FaceAttributesDataset
 
         # an evaluation dataset that is also a FaceAttributesDataset (both layouts are)
@@ -48,10 +57,10 @@ class FaceAttributes(EvalTask):
                                f"fairness/fairface and fairness/utkface (use --task auto)")
         chosen, default = class_prompts(dataset, prompts)
         dataset.heads(chosen)  # every objective has class names and templates
-        return Prepared(dataset, len(dataset), source, chosen, default, chosen.sha256)
+        return Prepared(cast("FaceData", dataset), len(dataset), source, chosen, default, chosen.sha256)
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
+    def encode(self, session: EncodeSession, prepared: Prepared[FaceData], store: EmbeddingStore,
+               memo: FileHashMemo, settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
         from clipcache.tasks.encode.stage import encode_prompts
 
@@ -66,7 +75,8 @@ class FaceAttributes(EvalTask):
         shapes = [(h.objective, len(h.classnames), len(h.templates)) for h in heads]
         return Encoded({"image": images, "prompt": prompts}, {"heads": shapes}, time.perf_counter() - started)
 
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[FaceData],
+              settings: ScoreSettings) -> Scored:
         import numpy as np
 
         from clipcache.storage.sample_metadata import LINK_UNIT

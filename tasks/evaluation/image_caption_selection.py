@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
+    EncodeSession,
     EncodeSettings,
     EvalTask,
     Prepared,
@@ -27,10 +28,11 @@ from clipcache.tasks.evaluation.common import check_language, encode_images_and_
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.datasets.selection import SelectionDataset
     from clipcache.tasks.progress import StageProgress
 
 
-class ImageCaptionSelection(EvalTask):
+class ImageCaptionSelection(EvalTask["SelectionDataset"]):
     name = "image_caption_selection"
     short = "selection"
     description = ("image_acc, text_acc, acc (group): each image picks its caption and each caption its image; "
@@ -39,7 +41,8 @@ class ImageCaptionSelection(EvalTask):
     reads = ("selection",)
     main_metrics = (("acc", None, "selection_acc", 1),)
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+    def prepare(self, source: DataSource, prompts: PromptSettings,
+                progress: StageProgress) -> Prepared[SelectionDataset]:
         from clipcache.storage.errors import DatasetError
         from clipcache.tasks.datasets.selection import SelectionDataset
 
@@ -49,12 +52,13 @@ class ImageCaptionSelection(EvalTask):
             raise DatasetError(f"dataset {source.name!r} is not an image-caption selection set (no items)")
         return Prepared(dataset, dataset.n_items, source)
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
+    def encode(self, session: EncodeSession, prepared: Prepared[SelectionDataset], store: EmbeddingStore,
+               memo: FileHashMemo, settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
         return encode_images_and_captions(session, prepared, store, memo, settings, progress, sharded=sharded)
 
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[SelectionDataset],
+              settings: ScoreSettings) -> Scored:
         from clipcache.tasks.score.evidence import selection_evidence
         from clipcache.tasks.score.stage import score_selection
 

@@ -16,52 +16,32 @@ encodes nothing.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.contract import SeededOptions
-from clipcache.tasks.evaluation.base import (
-    DataSource,
-    Encoded,
-    EncodeSettings,
-    EvalTask,
-    Prepared,
-    PromptSettings,
-    Scored,
-    ScoreSettings,
-)
-from clipcache.tasks.evaluation.common import encode_split_images, open_single_label, sample_keys
+from clipcache.tasks.evaluation.base import Encoded, Prepared, Scored, ScoreSettings
+from clipcache.tasks.evaluation.common import sample_keys
+from clipcache.tasks.evaluation.probes import ProbeTask
 
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
-    from clipcache.storage.hashing import FileHashMemo
-    from clipcache.tasks.progress import StageProgress
+    from clipcache.tasks.datasets.base import EvalDataset
 
 
-class ImageClustering(EvalTask):
+class ImageClustering(ProbeTask):
     name = "image_clustering"
     short = "clustering"
     description = "image_clustering_nmi, image_clustering_ari of k-means over cached image embeddings"
-    needs = ("image",)
-    reads = ("classification",)
     main_metrics = (("image_clustering_nmi", None, "image_clustering_nmi", 1),)
 
     class Options(SeededOptions):
         """``seed``: k-means' random_state."""
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
-        dataset = open_single_label(self.name, source, progress)
-        return Prepared(dataset, len(dataset), source)
+    # prepare and encode: ProbeTask's (the test split's images only: k-means learns from no other split)
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
-               sharded: dict[str, Any] | None = None) -> Encoded:
-        started = time.perf_counter()
-        images = encode_split_images(session, prepared.data, store, memo, settings, progress,
-                                     limit=prepared.source.limit, sharded=(sharded or {}).get("image"))
-        return Encoded({"image": images}, seconds=time.perf_counter() - started)
-
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[EvalDataset],
+              settings: ScoreSettings) -> Scored:
         import numpy as np
         from sklearn.cluster import KMeans
         from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score

@@ -7,38 +7,27 @@ is a sample row (unit ``image``: target, prediction, correct1), from which both 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, PositiveInt
 
 from clipcache.tasks.contract import TaskOptions
-from clipcache.tasks.evaluation.base import (
-    DataSource,
-    Encoded,
-    EncodeSettings,
-    EvalTask,
-    Prepared,
-    PromptSettings,
-    Scored,
-    ScoreSettings,
-)
-from clipcache.tasks.evaluation.common import encode_test_and_train, open_single_label, sample_keys
+from clipcache.tasks.evaluation.base import Encoded, EncodeSettings, Prepared, Scored, ScoreSettings
+from clipcache.tasks.evaluation.common import sample_keys
 from clipcache.tasks.evaluation.linear_probe import LinearProbe
+from clipcache.tasks.evaluation.probes import ProbeTask
 
 _TRAIN_SPLIT = LinearProbe.Options.model_fields["train_split"]  # one default and help, shared with linear_probe
 
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
-    from clipcache.storage.hashing import FileHashMemo
-    from clipcache.tasks.progress import StageProgress
+    from clipcache.tasks.datasets.base import EvalDataset
 
 
-class KnnClassification(EvalTask):
+class KnnClassification(ProbeTask):
     name = "knn_classification"
     short = "kNN"
     description = "knn_acc1, knn_mean_per_class_recall: majority label of the k most similar cached train images"
-    needs = ("image",)
-    reads = ("classification",)
     main_metrics = (("knn_acc1", None, "knn_acc1", 1),)
 
     class Options(TaskOptions):
@@ -51,18 +40,11 @@ class KnnClassification(EvalTask):
         knn_weights: Literal["uniform", "distance"] = Field(
             "uniform", description="uniform: one vote a neighbour; distance: 1 / (1 - cosine) (scikit-learn's)")
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
-        test = open_single_label(self.name, source, progress)
-        return Prepared(test, len(test), source)
+    def learn_splits(self, settings: EncodeSettings) -> dict[str, str]:
+        return {"train": self.Options.of(settings).train_split}
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
-               sharded: dict[str, Any] | None = None) -> Encoded:
-        return encode_test_and_train(session, prepared, store, memo, settings, progress,
-                                     task=self.name, train_split=self.Options.of(settings).train_split,
-                                     sharded=sharded)
-
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[EvalDataset],
+              settings: ScoreSettings) -> Scored:
         import numpy as np
 
         from clipcache.tasks.score.evidence import classification_evidence

@@ -9,36 +9,24 @@ after a zero-shot run encodes only the train split, and a second probe with othe
 from __future__ import annotations
 
 import time
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, ClassVar, Self
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from clipcache.tasks.contract import BATCH_SIZE, SeededOptions
-from clipcache.tasks.evaluation.base import (
-    DataSource,
-    Encoded,
-    EncodeSettings,
-    EvalTask,
-    Prepared,
-    PromptSettings,
-    Scored,
-    ScoreSettings,
-)
-from clipcache.tasks.evaluation.common import encode_split_images, open_single_label, sample_keys
+from clipcache.tasks.evaluation.base import Encoded, EncodeSettings, Prepared, Scored, ScoreSettings
+from clipcache.tasks.evaluation.common import sample_keys
+from clipcache.tasks.evaluation.probes import ProbeTask
 
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
-    from clipcache.storage.hashing import FileHashMemo
-    from clipcache.tasks.progress import StageProgress
+    from clipcache.tasks.datasets.base import EvalDataset
 
 
-class LinearProbe(EvalTask):
+class LinearProbe(ProbeTask):
     name = "linear_probe"
     short = "linear probe"
     description = "lp_acc1, lp_acc5, lp_mean_per_class_recall of a linear layer trained on cached train features"
-    needs = ("image",)
-    reads = ("classification",)
     main_metrics = (("lp_acc", 1, "lp_acc1", 1),)
 
     class Options(SeededOptions):
@@ -70,25 +58,13 @@ class LinearProbe(EvalTask):
                 raise ValueError("val_split and val_proportion: give one of them (as clip_benchmark)")
             return self
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
-        test = open_single_label(self.name, source, progress)
-        return Prepared(test, len(test), source)
-
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
-               sharded: dict[str, Any] | None = None) -> Encoded:
-        started = time.perf_counter()
+    def learn_splits(self, settings: EncodeSettings) -> dict[str, str]:
         options = self.Options.of(settings)
-        splits = {"image": prepared.data}
-        for role, split in (("train", options.train_split), ("val", options.val_split)):
-            if split is not None:
-                splits[role] = open_single_label(self.name, replace(prepared.source, split=split), progress)
-        outcomes = {role: encode_split_images(session, dataset, store, memo, settings, progress,
-                                              limit=prepared.source.limit, sharded=(sharded or {}).get(role))
-                    for role, dataset in splits.items()}
-        return Encoded(outcomes, seconds=time.perf_counter() - started)
+        return {role: split for role, split in (("train", options.train_split), ("val", options.val_split))
+                if split is not None}
 
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[EvalDataset],
+              settings: ScoreSettings) -> Scored:
         import numpy as np
         import torch
 

@@ -14,42 +14,32 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, PositiveInt
 
 from clipcache.tasks.contract import TaskOptions
-from clipcache.tasks.evaluation.base import (
-    DataSource,
-    Encoded,
-    EncodeSettings,
-    EvalTask,
-    Prepared,
-    PromptSettings,
-    Scored,
-    ScoreSettings,
-)
-from clipcache.tasks.evaluation.common import encode_test_and_train, open_single_label, sample_keys
+from clipcache.tasks.evaluation.base import Encoded, EncodeSettings, Prepared, Scored, ScoreSettings
+from clipcache.tasks.evaluation.common import sample_keys
 from clipcache.tasks.evaluation.linear_probe import LinearProbe
+from clipcache.tasks.evaluation.probes import ProbeTask
 
 _TRAIN_SPLIT = LinearProbe.Options.model_fields["train_split"]  # one default and help, shared with linear_probe
 
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
-    from clipcache.storage.hashing import FileHashMemo
-    from clipcache.tasks.progress import StageProgress
+    from clipcache.tasks.datasets.base import EvalDataset
 
 UNIT = "image_experiment_{}"
 
 
-class MiebLinearProbe(EvalTask):
+class MiebLinearProbe(ProbeTask):
     name = "mieb_linear_probe"
     short = "mieb probe"
     description = ("mieb_lp_accuracy, mieb_lp_f1, ... (mean and _std over experiments): MIEB's logistic-regression "
                    "probe on few-shot train features")
-    needs = ("image",)
-    reads = ("classification",)
     main_metrics = (("mieb_lp_accuracy", None, "mieb_lp_accuracy", 1),)
+    raw_features = True
 
     class Options(TaskOptions):
         """mteb's ImageClassification settings, with its defaults (the 16 / 5 of CIFAR10, DTD, Country211, ...)."""
@@ -67,18 +57,11 @@ class MiebLinearProbe(EvalTask):
             "raw", description="raw: normalised rows x their stored norms (what mteb's CLIP-style wrappers give); "
                                "normalized: the rows as cached")
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
-        test = open_single_label(self.name, source, progress)
-        return Prepared(test, len(test), source)
+    def learn_splits(self, settings: EncodeSettings) -> dict[str, str]:
+        return {"train": self.Options.of(settings).train_split}
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
-               sharded: dict[str, Any] | None = None) -> Encoded:
-        return encode_test_and_train(session, prepared, store, memo, settings, progress,
-                                     task=self.name, train_split=self.Options.of(settings).train_split,
-                                     sharded=sharded, raw=True)
-
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[EvalDataset],
+              settings: ScoreSettings) -> Scored:
         import numpy as np
 
         from clipcache.tasks.evaluation.common import probe_inputs

@@ -32,6 +32,7 @@ from clipcache.tasks.datasets.source import format_root
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
+    EncodeSession,
     EncodeSettings,
     EvalTask,
     Prepared,
@@ -43,6 +44,7 @@ from clipcache.tasks.evaluation.base import (
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.datasets.mieb_tasks import MiebData
     from clipcache.tasks.progress import StageProgress
 
 METRIC_PREFIX = "mteb_"
@@ -87,7 +89,7 @@ def _clean(key: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in key.lower()).strip("_")
 
 
-class MiebTask(EvalTask):
+class MiebTask(EvalTask["MiebData"]):
     name = NAME
     short = "mieb"
     description = "any MIEB task by its mteb name (mieb:<task>): mteb's own task and evaluator over cached vectors"
@@ -97,7 +99,7 @@ class MiebTask(EvalTask):
     def serves(self, role: str, kind: str) -> bool:
         return role in ("mieb_image-batch", "prompt")  # texts live in the model's text pool, shared with prompts
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[MiebData]:
         from clipcache.storage.hashing import digest
 
         name = task_name(source.name)
@@ -110,8 +112,8 @@ class MiebTask(EvalTask):
             data = load_mieb(name, root, source.split, source.language, hf_cache)
         return Prepared(data, data.n_samples, source, prompts_sha256=digest(data.identity), default_prompts=True)
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
+    def encode(self, session: EncodeSession, prepared: Prepared[MiebData], store: EmbeddingStore,
+               memo: FileHashMemo, settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
         import mteb
 
@@ -135,7 +137,8 @@ class MiebTask(EvalTask):
                 "dataset_revision": task_result.dataset_revision}
         return Encoded(outcomes, info, seconds=time.perf_counter() - started)
 
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[MiebData],
+              settings: ScoreSettings) -> Scored:
         return Scored(scores_as_metrics(encoded.info["scores"]), prepared.n_samples)
 
 

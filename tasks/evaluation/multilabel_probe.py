@@ -21,23 +21,14 @@ from pydantic import Field, PositiveInt
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.contract import TaskOptions
-from clipcache.tasks.evaluation.base import (
-    DataSource,
-    Encoded,
-    EncodeSettings,
-    EvalTask,
-    Prepared,
-    PromptSettings,
-    Scored,
-    ScoreSettings,
-)
-from clipcache.tasks.evaluation.common import encode_split_images, sample_keys
+from clipcache.tasks.evaluation.base import DataSource, Encoded, EncodeSettings, Prepared, Scored, ScoreSettings
+from clipcache.tasks.evaluation.common import sample_keys
 from clipcache.tasks.evaluation.linear_probe import LinearProbe
 from clipcache.tasks.evaluation.mieb_linear_probe import MiebLinearProbe
+from clipcache.tasks.evaluation.probes import ProbeTask
 
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
-    from clipcache.storage.hashing import FileHashMemo
     from clipcache.tasks.datasets.base import EvalDataset
     from clipcache.tasks.progress import StageProgress
 
@@ -66,13 +57,11 @@ def open_multilabel_split(task: str, source: DataSource, progress: StageProgress
     return dataset
 
 
-class MultilabelProbe(EvalTask):
+class MultilabelProbe(ProbeTask):
     name = "multilabel_probe"
     short = "multilabel probe"
     description = ("multilabel_lrap, multilabel_accuracy, multilabel_f1, multilabel_hamming (mean and _std over "
                    "experiments): MIEB's VOC2007 kNN probe on few-shot train features")
-    needs = ("image",)
-    reads = ("classification",)
     main_metrics = (("multilabel_lrap", None, "multilabel_lrap", 1),)
 
     class Options(TaskOptions):
@@ -89,27 +78,20 @@ class MultilabelProbe(EvalTask):
         probe_seed: int = Field(_SEED.default, description=_SEED.description)
         probe_features: Literal["raw", "normalized"] = Field(_FEATURES.default, description=_FEATURES.description)
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
-        test = open_multilabel_split(self.name, source, progress)
-        return Prepared(test, len(test), source)
+    def open_split(self, source: DataSource, progress: StageProgress) -> EvalDataset:
+        return open_multilabel_split(self.name, source, progress)
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
-               sharded: dict[str, Any] | None = None) -> Encoded:
-        started = time.perf_counter()
-        source = prepared.source
-        train = open_multilabel_split(self.name, replace(source, split=self.Options.of(settings).train_split),
-                                      progress)
-        if train.labels is not None and prepared.data.labels is not None and \
-                train.labels.shape[1] != prepared.data.labels.shape[1]:
+    def learn_splits(self, settings: EncodeSettings) -> dict[str, str]:
+        return {"train": self.Options.of(settings).train_split}
+
+    def check_splits(self, prepared: Prepared[EvalDataset], splits: dict[str, EvalDataset]) -> None:
+        train, test, source = splits["train"], prepared.data, prepared.source
+        if train.labels is not None and test.labels is not None and train.labels.shape[1] != test.labels.shape[1]:
             raise DatasetError(f"dataset {source.name!r}: the {train.split} split has {train.labels.shape[1]} "
-                               f"classes, the {source.split} split {prepared.data.labels.shape[1]}")
-        outcomes = {role: encode_split_images(session, dataset, store, memo, settings, progress, limit=source.limit,
-                                              sharded=(sharded or {}).get(role))
-                    for role, dataset in (("image", prepared.data), ("train", train))}
-        return Encoded(outcomes, seconds=time.perf_counter() - started)
+                               f"classes, the {source.split} split {test.labels.shape[1]}")
 
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[EvalDataset],
+              settings: ScoreSettings) -> Scored:
 
         from clipcache.storage.arrow_columns import Ragged
         from clipcache.tasks.evaluation.common import probe_inputs

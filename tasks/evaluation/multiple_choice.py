@@ -23,6 +23,7 @@ from clipcache.storage.errors import DatasetError
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
+    EncodeSession,
     EncodeSettings,
     EvalTask,
     Prepared,
@@ -34,12 +35,13 @@ from clipcache.tasks.evaluation.base import (
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.datasets.mieb_layouts import MultipleChoiceData
     from clipcache.tasks.progress import StageProgress
 
 IMAGE, QUESTION, CHOICE = "question_image", "question_text", "choice_text"
 
 
-class MultipleChoice(EvalTask):
+class MultipleChoice(EvalTask["MultipleChoiceData"]):
     name = "multiple_choice"
     short = "multiple_choice"
     description = "acc1: the choice closest to the image+question query is the answer (MIEB Any2AnyMultipleChoice)"
@@ -49,7 +51,8 @@ class MultipleChoice(EvalTask):
     def serves(self, role: str, kind: str) -> bool:
         return role in self.needs  # no other task writes these roles
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+    def prepare(self, source: DataSource, prompts: PromptSettings,
+                progress: StageProgress) -> Prepared[MultipleChoiceData]:
         from clipcache.tasks.datasets.mieb_layouts import open_multiple_choice
         from clipcache.tasks.evaluation.common import dataset_root
 
@@ -58,8 +61,8 @@ class MultipleChoice(EvalTask):
         data = open_multiple_choice(source.name, root, source.split, source.limit)
         return Prepared(data, len(data.answers), source)
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
+    def encode(self, session: EncodeSession, prepared: Prepared[MultipleChoiceData], store: EmbeddingStore,
+               memo: FileHashMemo, settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
         from clipcache.tasks.evaluation.common import encode_images_and_texts
 
@@ -70,7 +73,8 @@ class MultipleChoice(EvalTask):
                                               for role, values in ((QUESTION, data.questions),
                                                                    (CHOICE, data.choices))})
 
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[MultipleChoiceData],
+              settings: ScoreSettings) -> Scored:
         import numpy as np
 
         from clipcache.tasks.evaluation.composed_retrieval import fusion_sides

@@ -11,6 +11,7 @@ from clipcache.tasks.datasets.beir import BeirData, open_beir
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
+    EncodeSession,
     EncodeSettings,
     EvalTask,
     Prepared,
@@ -22,12 +23,13 @@ from clipcache.tasks.evaluation.base import (
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.datasets.beir import BeirData
     from clipcache.tasks.progress import StageProgress
 
 K_ALWAYS = 10  # beir's headline numbers are @10: always reported
 
 
-class TextRetrieval(EvalTask):
+class TextRetrieval(EvalTask["BeirData"]):
     name = "text_retrieval"
     short = "text retrieval"
     description = "BEIR folder + text model: ndcg, map, recall, precision, mrr @k (beir's EvaluateRetrieval)"
@@ -35,7 +37,7 @@ class TextRetrieval(EvalTask):
     reads = ("text",)
     main_metrics = (("ndcg", 10, "ndcg@10", 1),)
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[BeirData]:
         from clipcache.tasks.evaluation.common import dataset_root
 
         root = dataset_root(source, self.name, "a BEIR folder (corpus.jsonl, queries.jsonl, "
@@ -43,8 +45,8 @@ class TextRetrieval(EvalTask):
         data = open_beir(source.name, root, source.split, source.limit)
         return Prepared(data, len(data.query_ids), source)
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
+    def encode(self, session: EncodeSession, prepared: Prepared[BeirData], store: EmbeddingStore,
+               memo: FileHashMemo, settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
         from clipcache.tasks.encode.stage import check_cached, encode_texts
 
@@ -67,7 +69,8 @@ class TextRetrieval(EvalTask):
                                batch_size=settings.batch_size, progress=progress, label=data.name, meta=meta)
         return Encoded({"corpus": corpus, "query": queries}, seconds=time.perf_counter() - started)
 
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[BeirData],
+              settings: ScoreSettings) -> Scored:
         import numpy as np
 
         from clipcache.tasks.score.retrieval_evidence import rank_text_queries, text_retrieval_evidence

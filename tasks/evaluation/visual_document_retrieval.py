@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from clipcache.tasks.evaluation.any2any_retrieval import Any2AnyRetrieval
 from clipcache.tasks.evaluation.base import DataSource, Encoded, Prepared, PromptSettings, Scored, ScoreSettings
 
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.tasks.datasets.any2any import Any2AnyData
+    from clipcache.tasks.datasets.vidore import VidoreData
     from clipcache.tasks.progress import StageProgress
 
 K_VALUES = (1, 3, 5, 10, 20, 100, 1000)  # mteb's AbsTaskRetrieval.k_values
@@ -38,7 +40,7 @@ class VisualDocumentRetrieval(Any2AnyRetrieval):
     reads = ("any2any",)
     main_metrics = (("ndcg", 5, "ndcg@5", 1),)
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[Any2AnyData]:
         from clipcache.tasks.datasets.vidore import open_vidore
         from clipcache.tasks.evaluation.common import dataset_root
 
@@ -48,10 +50,11 @@ class VisualDocumentRetrieval(Any2AnyRetrieval):
         data = open_vidore(source.name, root, source.split, source.limit, source.language)
         return Prepared(data, len(data.queries.ids) + data.unjudged, source)
 
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[Any2AnyData],
+              settings: ScoreSettings) -> Scored:
         scored = super().score(store, encoded, prepared,
                                replace(settings, recall_k=tuple(sorted({*settings.recall_k, *K_VALUES}))))
-        unjudged = prepared.data.unjudged
+        unjudged = cast("VidoreData", prepared.data).unjudged  # what this task's prepare opened
         if not unjudged:
             return scored
         # pytrec_eval scores a query whose judgments are all 0 as 0 on every metric, and mteb averages over it

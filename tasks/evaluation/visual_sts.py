@@ -20,6 +20,7 @@ from clipcache.storage.errors import DatasetError
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
+    EncodeSession,
     EncodeSettings,
     EvalTask,
     Prepared,
@@ -31,13 +32,14 @@ from clipcache.tasks.evaluation.base import (
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.datasets.mieb_layouts import VisualStsData
     from clipcache.tasks.progress import StageProgress
 
 ROLE = "pair_image"
 log = logging.getLogger("clipcache.visual_sts")
 
 
-class VisualSts(EvalTask):
+class VisualSts(EvalTask["VisualStsData"]):
     name = "visual_sts"
     short = "visual_sts"
     description = ("cosine_spearman, cosine_pearson, manhattan_* and euclidean_*: image-pair similarity vs gold "
@@ -48,7 +50,7 @@ class VisualSts(EvalTask):
     def serves(self, role: str, kind: str) -> bool:
         return role == ROLE  # no other task writes this role
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[VisualStsData]:
         from clipcache.tasks.datasets.mieb_layouts import open_visual_sts
         from clipcache.tasks.evaluation.common import dataset_root
 
@@ -58,8 +60,8 @@ class VisualSts(EvalTask):
         _enough_pairs(data.name, len(data.gold))
         return Prepared(data, len(data.gold), source)
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
+    def encode(self, session: EncodeSession, prepared: Prepared[VisualStsData], store: EmbeddingStore,
+               memo: FileHashMemo, settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
         from clipcache.tasks.encode.stage import check_cached, encode_images, image_key_fields
 
@@ -73,7 +75,8 @@ class VisualSts(EvalTask):
         images = encode_images(session, data.images, store, fields, settings, progress, raw=True)
         return Encoded({ROLE: images}, seconds=time.perf_counter() - started)
 
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[VisualStsData],
+              settings: ScoreSettings) -> Scored:
         import numpy as np
 
         from clipcache.tasks.score.cached_rows import image_rows

@@ -18,6 +18,7 @@ from clipcache.storage.errors import DatasetError
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
+    EncodeSession,
     EncodeSettings,
     EvalTask,
     Prepared,
@@ -29,12 +30,13 @@ from clipcache.tasks.evaluation.base import (
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.datasets.winogavil import WinogavilData
     from clipcache.tasks.progress import StageProgress
 
 IMAGE, CUE = "candidate_image", "cue_text"
 
 
-class Winogavil(EvalTask):
+class Winogavil(EvalTask["WinogavilData"]):
     name = "winogavil"
     short = "winogavil"
     description = ("jaccard: the k candidates closest to the cue (k = its associations) against the associations "
@@ -45,7 +47,7 @@ class Winogavil(EvalTask):
     def serves(self, role: str, kind: str) -> bool:
         return role in self.needs  # no other task writes these roles
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[WinogavilData]:
         from clipcache.tasks.datasets.winogavil import open_winogavil
         from clipcache.tasks.evaluation.common import dataset_root
 
@@ -54,8 +56,8 @@ class Winogavil(EvalTask):
         data = open_winogavil(source.name, root, source.split, source.limit)
         return Prepared(data, len(data.truth), source)
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
+    def encode(self, session: EncodeSession, prepared: Prepared[WinogavilData], store: EmbeddingStore,
+               memo: FileHashMemo, settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
         from clipcache.tasks.evaluation.common import encode_images_and_texts
 
@@ -64,7 +66,8 @@ class Winogavil(EvalTask):
                                        fmt="winogavil", image_role=IMAGE, image_what="candidate image",
                                        texts={CUE: (data.cues, "cue", "cue")})
 
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[WinogavilData],
+              settings: ScoreSettings) -> Scored:
         import numpy as np
 
         from clipcache.tasks.score.cached_rows import image_rows, text_vectors

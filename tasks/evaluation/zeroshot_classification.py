@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
+    EncodeSession,
     EncodeSettings,
     EvalTask,
     Prepared,
@@ -21,10 +22,11 @@ from clipcache.tasks.evaluation.common import class_prompts, encode_split_images
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.datasets.base import EvalDataset
     from clipcache.tasks.progress import StageProgress
 
 
-class ZeroShotClassification(EvalTask):
+class ZeroShotClassification(EvalTask["EvalDataset"]):
     name = "zeroshot_classification"
     short = "classification"
     description = "acc1, acc5, mean_per_class_recall (mean_average_precision for multilabel datasets)"
@@ -33,13 +35,13 @@ class ZeroShotClassification(EvalTask):
     uses_prompts = True
     main_metrics = (("acc", 1, "acc1", 1), ("mean_average_precision", None, "mean_average_precision", 2))
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[EvalDataset]:
         dataset = open_for(self.name, source, progress)
         chosen, default = class_prompts(dataset, prompts)
         return Prepared(dataset, len(dataset), source, chosen, default, chosen.sha256)
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
+    def encode(self, session: EncodeSession, prepared: Prepared[EvalDataset], store: EmbeddingStore,
+               memo: FileHashMemo, settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
         from clipcache.tasks.encode.stage import encode_prompts
 
@@ -47,13 +49,14 @@ class ZeroShotClassification(EvalTask):
         dataset = prepared.data
         images = encode_split_images(session, dataset, store, memo, settings, progress,
                                      limit=prepared.source.limit, sharded=(sharded or {}).get("image"))
-        prompts = encode_prompts(session, prepared.prompts.prompts(), store, settings.batch_size, progress,
-                                 dataset.name)
-        return Encoded({"image": images, "prompt": prompts}, {"n_classes": len(prepared.prompts.classnames),
-                                                              "n_templates": len(prepared.prompts.templates)},
+        chosen = prepared.class_prompts()
+        prompts = encode_prompts(session, chosen.prompts(), store, settings.batch_size, progress, dataset.name)
+        return Encoded({"image": images, "prompt": prompts}, {"n_classes": len(chosen.classnames),
+                                                              "n_templates": len(chosen.templates)},
                        time.perf_counter() - started)
 
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[EvalDataset],
+              settings: ScoreSettings) -> Scored:
         from clipcache.tasks.score.evidence import classification_evidence, multilabel_evidence
         from clipcache.tasks.score.stage import score_classification
 
@@ -65,7 +68,7 @@ class ZeroShotClassification(EvalTask):
         evidence = None
         if samples and "average_precision" in samples:  # multilabel: rows of classes, their average precision
             evidence = multilabel_evidence(samples["average_precision"], samples["logits"], samples["multi_hot"],
-                                           resamples=settings.bootstrap, classnames=prepared.prompts.classnames)
+                                           resamples=settings.bootstrap, classnames=prepared.class_prompts().classnames)
         elif samples:
             evidence = classification_evidence(samples, encoded.info["n_classes"], resamples=settings.bootstrap,
                                                keys=sample_keys(prepared.data, samples["sample_index"]))

@@ -11,6 +11,7 @@ from clipcache.tasks.contract import TaskOptions, Ties
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
+    EncodeSession,
     EncodeSettings,
     EvalTask,
     Prepared,
@@ -23,10 +24,11 @@ from clipcache.tasks.evaluation.common import check_language, encode_images_and_
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.datasets.base import EvalDataset
     from clipcache.tasks.progress import StageProgress
 
 
-class ZeroShotRetrieval(EvalTask):
+class ZeroShotRetrieval(EvalTask["EvalDataset"]):
     name = "zeroshot_retrieval"
     short = "retrieval"
     description = "image_retrieval_recall@k (text->image), text_retrieval_recall@k (image->text); mrr, ndcg, ranks"
@@ -41,17 +43,18 @@ class ZeroShotRetrieval(EvalTask):
                                                "clip_benchmark (default); stable ranks equal scores by index, "
                                                "independent of the order of the data")
 
-    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared:
+    def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[EvalDataset]:
         dataset = open_for(self.name, source, progress)
         check_language(dataset, prompts.language)
         return Prepared(dataset, len(dataset), source)
 
-    def encode(self, session: Any, prepared: Prepared, store: EmbeddingStore, memo: FileHashMemo,
-               settings: EncodeSettings, progress: StageProgress, *,
+    def encode(self, session: EncodeSession, prepared: Prepared[EvalDataset], store: EmbeddingStore,
+               memo: FileHashMemo, settings: EncodeSettings, progress: StageProgress, *,
                sharded: dict[str, Any] | None = None) -> Encoded:
         return encode_images_and_captions(session, prepared, store, memo, settings, progress, sharded=sharded)
 
-    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared, settings: ScoreSettings) -> Scored:
+    def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[EvalDataset],
+              settings: ScoreSettings) -> Scored:
         from clipcache.tasks.score.retrieval_evidence import zeroshot_retrieval_evidence
         from clipcache.tasks.score.stage import score_retrieval
 
