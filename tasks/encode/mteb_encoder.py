@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.tasks.contract import EncodeSession
     from clipcache.tasks.models.base import EmbeddingModel
+    from clipcache.tasks.progress import StageProgress
 
 log = logging.getLogger("clipcache.mieb")
 
@@ -224,7 +225,7 @@ class CachedMtebEncoder(_MtebEncoder):
     missing vector is a CacheMissError instead of a forward pass (rescore)."""
 
     def __init__(self, session: EncodeSession, store: EmbeddingStore, *, batch_size: int, cached_only: bool = False,
-                 progress: Any = None):
+                 progress: StageProgress | None = None):
         from clipcache.tasks.models.loader import library_version
 
         super().__init__(model_meta(f"clipcache/{session.resolved.display_name}",

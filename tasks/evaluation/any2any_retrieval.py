@@ -33,7 +33,6 @@ from clipcache.tasks.evaluation.base import (
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
-    from clipcache.tasks.datasets.any2any import Any2AnyData
     from clipcache.tasks.progress import StageProgress
 
 K_ALWAYS = 10
@@ -120,7 +119,7 @@ class Any2AnyRetrieval(EvalTask["Any2AnyData"]):
         return Scored(metrics, len(rows), seconds=time.perf_counter() - started, evidence=evidence)
 
 
-def _side_matrix(store: Any, encoded: Encoded, side_name: str, side: Side) -> tuple[np.ndarray, np.ndarray]:
+def _side_matrix(store: EmbeddingStore, encoded: Encoded, side_name: str, side: Side) -> tuple[np.ndarray, np.ndarray]:
     """The side's embeddings in record order, and which records have one (an image skipped as undecodable has
     none)."""
     from clipcache.tasks.score.stage import _expect

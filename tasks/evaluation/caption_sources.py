@@ -25,6 +25,12 @@ from typing import TYPE_CHECKING, Any
 from clipcache.storage.errors import ConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from pathlib import Path
+    from typing import SupportsInt
+
+    from PIL import Image
+
     from clipcache.storage.caption_cache import CaptionCache
     from clipcache.tasks.contract import EncodeSession
     from clipcache.tasks.datasets.base import EvalDataset
@@ -48,7 +54,7 @@ class CaptionOutcome:
         return []  # caption files are not embedding entries
 
 
-def image_sha256(image: Any) -> str:
+def image_sha256(image: Image.Image) -> str:
     """An image's content key, as ``convert`` keys its captions."""
     from clipcache.tasks.convert.captioner import image_jpeg
 
@@ -85,7 +91,7 @@ def ready_to_generate(generation_type: str) -> None:
     coca_model._has_transformers = True
 
 
-def decode_tokens(ids: Any) -> str:
+def decode_tokens(ids: Iterable[SupportsInt]) -> str:
     """One generated sequence as text, the way clip_benchmark's captioning task decodes it."""
     from open_clip.tokenizer import _tokenizer
 
@@ -93,7 +99,7 @@ def decode_tokens(ids: Any) -> str:
     return text.split("<end_of_text>")[0].replace("<start_of_text>", "").strip()
 
 
-def image_keys(dataset: Any, n: int, cache_dir: Any, data_key: str, progress: StageProgress) -> list[str]:
+def image_keys(dataset: EvalDataset, n: int, cache_dir: Path, data_key: str, progress: StageProgress) -> list[str]:
     """Each image's content key: from the keys kept for this dataset's images (``data_key``: their identity), else
     by decoding every image once (and kept for the next time)."""
     from clipcache.storage.caption_cache import read_image_keys, write_image_keys

@@ -30,7 +30,9 @@ from clipcache.tasks.evaluation.base import (
 )
 
 if TYPE_CHECKING:
-    from clipcache.storage.embedding_store import EmbeddingStore
+    import numpy as np
+
+    from clipcache.storage.embedding_store import EmbeddingEntry, EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
     from clipcache.tasks.datasets.mieb_layouts import VisualStsData
     from clipcache.tasks.progress import StageProgress
@@ -104,7 +106,7 @@ class VisualSts(EvalTask["VisualStsData"]):
         return Scored(metrics, len(kept), seconds=time.perf_counter() - started, evidence=evidence)
 
 
-def _features(entry: Any, name: str) -> Any:
+def _features(entry: EmbeddingEntry, name: str) -> np.ndarray:
     """The raw features (the stored raw rows, else normalised row x norm), what mteb's CLIP-style wrappers hand its
     STS evaluator: Manhattan
     and Euclidean distances see the norms. An entry that keeps no norms scores its normalised rows, as before norms
