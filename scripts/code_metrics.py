@@ -4,6 +4,7 @@ or ``Any | None`` is not bare: it says what the container or the absence is.
 
     python scripts/code_metrics.py            # the total, then the names counted most often
     python scripts/code_metrics.py --files    # and the count per file
+    python scripts/code_metrics.py --root ../other-checkout   # another checkout of the repository
 
 It reads the source with ``ast`` (nothing is imported), from the package's folders ``flows/``, ``tasks/`` and
 ``storage/`` and ``clipcache/`` itself (not through the ``clipcache/{flows,tasks,storage}`` links, so nothing counts
@@ -56,12 +57,14 @@ def package_files(repo: Path = REPO) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", action="store_true", help="print the count per file")
+    parser.add_argument("--root", type=Path, default=REPO, help="the checkout to measure (default: this one)")
     args = parser.parse_args()
+    root = args.root.resolve()
     per_file: dict[str, list[tuple[int, str, str]]] = {}
-    for path in package_files():
+    for path in package_files(root):
         hits = bare_any_parameters(path.read_text(encoding="utf-8"))
         if hits:
-            per_file[str(path.relative_to(REPO))] = hits
+            per_file[str(path.relative_to(root))] = hits
     names = Counter(name for hits in per_file.values() for _, _, name in hits)
     print(f"bare Any parameters: {sum(len(h) for h in per_file.values())} in {len(per_file)} files")
     print("most often: " + ", ".join(f"{name}: Any x{n}" for name, n in names.most_common(8)))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,12 +38,15 @@ from clipcache.storage.cache_keys import (
 from clipcache.storage.paths import AnyPath, rmtree, url
 from clipcache.storage.zarr_io import member, open_group
 
+if TYPE_CHECKING:  # the store imports this module
+    from clipcache.storage.embedding_store import EmbeddingStore
+
 
 class EntryWriter:
     """Writes one entry; use as a context manager (holds the key's lock). ``start_position`` tells the caller where
     to resume its input stream; rows are added with their input positions."""
 
-    def __init__(self, store: Any, key_fields: dict[str, Any], kind: str, capacity: int,
+    def __init__(self, store: EmbeddingStore, key_fields: dict[str, Any], kind: str, capacity: int,
                  aux: dict[str, AuxSpec], commit_seconds: float | None = None):
         self.store = store
         self.key_fields = key_fields
@@ -231,7 +234,7 @@ class EntryWriter:
                              arrays=self.arrays, seals=seals, meta=meta, extra_arrays=extra_arrays)
 
 
-def publish_entry(store: Any, key_fields: dict[str, Any], kind: str, *, rows: int, dim: int, arrays: list[str],
+def publish_entry(store: EmbeddingStore, key_fields: dict[str, Any], kind: str, *, rows: int, dim: int, arrays: list[str],
                   seals: dict[str, list[str]] | None, meta: dict[str, Any] | None,
                   scratch: tuple[str, ...] = ("progress.json",),
                   extra_arrays: dict[str, np.ndarray] | None = None) -> EmbeddingRef:

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset, Task
+
+if TYPE_CHECKING:
+    from clipcache.storage.hashing import FileHashMemo
 
 GENERATOR_VERSION = 2
 IMAGE_SIZE = 64
@@ -119,7 +122,7 @@ class ShapesDataset(EvalDataset):
     def __len__(self) -> int:
         return self.n
 
-    def identity(self, memo: Any) -> dict[str, Any]:
+    def identity(self, memo: FileHashMemo) -> dict[str, Any]:
         return {"format": "shapes", "generator_version": GENERATOR_VERSION, "seed": SPLIT_SEEDS[self.split],
                 "n": self.n, "task": self.task}
 
