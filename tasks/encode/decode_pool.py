@@ -42,7 +42,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -50,6 +50,9 @@ import torch
 from clipcache.storage.errors import ClipcacheError
 from clipcache.tasks.encode.batches import ImageBatch
 from clipcache.tasks.encode.decode_worker import recv, send
+
+if TYPE_CHECKING:
+    from clipcache.tasks.datasets.base import EvalDataset
 
 log = logging.getLogger("clipcache.encode")
 
@@ -151,7 +154,7 @@ class DecodePool:
         return _Worker(number, proc, ours, {})
 
     # -- one encode -------------------------------------------------------------------------------------------------
-    def batches(self, dataset: Any, payload: bytes, ranges: list[tuple[int, int]],
+    def batches(self, dataset: EvalDataset, payload: bytes, ranges: list[tuple[int, int]],
                 item: tuple[tuple[int, ...], np.dtype], *, pin_memory: bool = False,
                 prefetch: int = PREFETCH) -> Iterator[ImageBatch]:
         """Decoded batches of ``ranges`` in order, at most ``prefetch`` per worker in flight. ``payload`` is
@@ -180,7 +183,7 @@ class DecodePool:
             self.broken = True  # workers hold batches of this job (or died): never reuse them
             raise
 
-    def _ring_for(self, nbytes: int, dataset: Any) -> _Ring:
+    def _ring_for(self, nbytes: int, dataset: EvalDataset) -> _Ring:
         """The pool's ring, allocated (and mapped by every worker) only when there is none or it is too small."""
         if self._ring is not None and self._ring.nbytes >= nbytes:
             return self._ring
@@ -205,7 +208,7 @@ class DecodePool:
                 log.debug("decode ring not unpinned: %s", e)
             self._ring = None  # unmapped once no batch views it
 
-    def _run(self, job: int, dataset: Any, ranges: list[tuple[int, int]], ring: torch.Tensor,
+    def _run(self, job: int, dataset: EvalDataset, ranges: list[tuple[int, int]], ring: torch.Tensor,
              prefetch: int) -> Iterator[ImageBatch]:
         free: deque[int] = deque(range(len(ring)))
         returning: deque[tuple[int, Any]] = deque()  # (slot, CUDA event or None) given back by the consumer
@@ -241,7 +244,7 @@ class DecodePool:
             while returning:  # every device copy from the ring has finished before the next encode reuses it
                 _reclaim(returning, free, wait=True)
 
-    def _send(self, worker: _Worker, message: tuple[Any, ...], fds: tuple[int, ...], dataset: Any,
+    def _send(self, worker: _Worker, message: tuple[Any, ...], fds: tuple[int, ...], dataset: EvalDataset,
               images: tuple[int, int] | None) -> None:
         try:
             send(worker.sock, message, fds)
@@ -249,7 +252,7 @@ class DecodePool:
             raise self._died(worker, dataset, images) from e
 
     def _receive(self, job: int, answers: dict[int, tuple[int, list[int], list[tuple[int, str]]]],
-                 dataset: Any) -> None:
+                 dataset: EvalDataset) -> None:
         for key, _ in self._selector.select():
             worker = self.workers[key.data]
             try:
@@ -268,7 +271,7 @@ class DecodePool:
                 raise RuntimeError(f"image decoding worker {worker.number} failed{where} "
                                    f"(images {lo}..{hi}):\n{message[3]}")
 
-    def _died(self, worker: _Worker, dataset: Any, images: tuple[int, int] | None) -> DecodeWorkerError:
+    def _died(self, worker: _Worker, dataset: EvalDataset, images: tuple[int, int] | None) -> DecodeWorkerError:
         try:
             code = worker.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

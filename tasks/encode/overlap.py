@@ -19,10 +19,13 @@ from __future__ import annotations
 import queue
 import threading
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from clipcache.storage.cache_writer import EntryWriter
 
 MAX_WAITING = 4  # batches of vectors between the encoding thread and the writer thread
 
@@ -116,7 +119,7 @@ def _pinned_copy(values: torch.Tensor) -> torch.Tensor:
 class BackgroundWriter:
     """``writer.add(vectors, positions, **extra)`` in a thread of its own; use as a context manager."""
 
-    def __init__(self, writer: Any, depth: int = MAX_WAITING):
+    def __init__(self, writer: EntryWriter, depth: int = MAX_WAITING):
         self.writer = writer
         self._queue: queue.Queue[tuple[PendingVectors, np.ndarray, dict[str, np.ndarray]] | None] = \
             queue.Queue(maxsize=depth)
