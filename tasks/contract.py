@@ -1,12 +1,13 @@
 """The typed contract below the tasks: what the flow hands a stage, and what a stage hands back.
 
 The encode and score stages, the evaluation tasks and the flows import these types from here, downward; nothing
-here imports a stage. ``clipcache.tasks.evaluation.base`` re-exports them beside ``EvalTask``. Naming and validating
-import this module, so it stays light: no numpy, torch or zarr.
+here imports a stage when it runs (the payloads' types are named for the type checker only).
+``clipcache.tasks.evaluation.base`` re-exports them beside ``EvalTask``. Naming and validating import this module, so
+it stays light: no numpy, torch or zarr.
 
-A task is generic over what its ``prepare`` opens (``Prepared[DataT]``: an ``EvalDataset``, a text-retrieval corpus,
-...), and every task encodes through the same :class:`EncodeSession` (a protocol: what the tasks and the encode stage
-read from a model session; ``tasks/encode/stage.py``'s ``ModelSession`` is the one the flows make).
+A task is generic over what its ``prepare`` opens (``Prepared[DataT]``: an ``EvalDataset``, a BEIR folder's
+``BeirData``, ...), and every task encodes through the same :class:`EncodeSession` (a protocol: what the tasks and
+the encode stage read from a model session; ``tasks/encode/stage.py``'s ``ModelSession`` is the one the flows make).
 
 Each task's settings that change its numbers are a :class:`TaskOptions` model of its own (``EvalTask.Options``); the
 shared settings (batch size, k values, device) are plain fields of :class:`EncodeSettings` and
@@ -152,7 +153,7 @@ class EncodeSession(Protocol):
     def model(self) -> EmbeddingModel: ...  # loads the weights on first use
 
 
-DataT = TypeVar("DataT")  # what a task's prepare opened (EvalDataset, TextRetrievalData, ...)
+DataT = TypeVar("DataT")  # what a task's prepare opened (EvalDataset, BeirData, ...)
 
 
 @dataclass
