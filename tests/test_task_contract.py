@@ -13,6 +13,7 @@ import pytest
 from clipcache.tasks.contract import EncodeSession
 from clipcache.tasks.evaluation import TASKS, get_task
 from clipcache.tasks.evaluation.probes import ProbeTask
+
 from conftest import REPO
 
 PROBES = ("linear_probe", "mieb_linear_probe", "knn_classification", "multilabel_probe", "image_clustering")
