@@ -187,3 +187,17 @@ def test_real_console_script_errors_without_traceback(tmp_path, broken_wds):
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert proc.returncode == 1
     assert "s000004.png" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("argv", [["datasets"], ["--version"]])  # a rich table; plain print()
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path, argv):
+    """`clipcache datasets | head -1`: the read end is closed before the command writes a byte, so its first write
+    fails with EPIPE; it ends with status 1 and nothing on stderr, not a BrokenPipeError traceback."""
+    exe = Path(sys.executable).with_name("clipcache")
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
+    proc = subprocess.Popen([str(exe), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the child has imported anything, so its first write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1, err
+    assert err == ""

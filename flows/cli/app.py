@@ -221,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClipcacheError as e:
         runtime.error_console().print(f"[bold red]error:[/] {_escape(str(e))}", highlight=False, soft_wrap=True)
         return e.exit_code
+    except BrokenPipeError:  # `clipcache compare --format json | head`: the reader has all it wanted
+        _silence_stdout()
+        return 1  # as rich's console ends a table print that meets a closed pipe: every command alike
     except OSError as e:
         line = _storage_problem(e)
         if line is None:
@@ -231,6 +234,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         runtime.error_console().print("[yellow]interrupted[/]: finished work is cached; run the same command again "
                                       "to continue")
         return 130
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush of what the closed pipe refused raises nothing."""
+    import os
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _storage_problem(error: OSError) -> str | None:
