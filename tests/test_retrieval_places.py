@@ -150,3 +150,43 @@ def test_the_torch_count_path_gives_the_same_places(monkeypatch):
     monkeypatch.setattr(retrieval_pass, "TILE_WIDTH", 37)
     images, captions, caption_image = captions_with_repeats(3, n_images=150)
     check(images, captions, caption_image, [1, 5, 10], 4 * 37 * 90)
+
+
+@pytest.mark.parametrize("deep_columns", [0.0, 1.0])
+def test_queries_counted_from_the_tiles_tops_or_on_the_tile_give_the_same_places(deep_columns, monkeypatch):
+    """On the CPU a query whose window lies within the tile's top values (the pass keeps them anyway) is counted from
+    them; the others on the tile: their rows, and their columns picked out, or every column once more than
+    DEEP_COLUMNS of them are deep. Each way equals the brute force and counting every query on the tile."""
+    monkeypatch.setattr(retrieval_queries, "DEEP_COLUMNS", deep_columns)
+    monkeypatch.setattr(retrieval_pass, "TILE_WIDTH", 37)
+    seen = {"rows": [], "columns": []}
+    counter = retrieval_queries.PositionCounter
+    rows_from_top, columns_from_top = counter._rows_from_top, counter._columns_from_top
+
+    def spy_rows(self, span, values, where):
+        seen["rows"].append(deep := rows_from_top(self, span, values, where))
+        return deep
+
+    def spy_columns(self, span, values, where):
+        seen["columns"].append(deep := columns_from_top(self, span, values, where))
+        return deep
+
+    monkeypatch.setattr(counter, "_rows_from_top", spy_rows)
+    monkeypatch.setattr(counter, "_columns_from_top", spy_columns)
+    images, captions, caption_image = captions_with_repeats(4, n_images=150)
+    t2i, i2t = check(images, captions, caption_image, [1, 5, 10], 4 * 37 * 90)
+    deep_rows = np.concatenate(seen["rows"])
+    assert deep_rows.any() and not deep_rows.all()  # both ways taken
+    picked = [deep for deep in seen["columns"] if deep is not None]
+    if deep_columns == 0.0:  # every tile with a deep column compares all its columns
+        assert len(picked) < len(seen["columns"]) and not any(len(deep) for deep in picked)
+    else:
+        assert len(picked) == len(seen["columns"]) and any(len(deep) for deep in picked)
+    add = counter.add
+    monkeypatch.setattr(counter, "add", lambda self, *args, tops: add(self, *args, tops=None))  # all on the tile
+    args = (torch.from_numpy(captions), torch.from_numpy(images), torch.from_numpy(caption_image), [1, 5, 10])
+    every_t2i, every_i2t = query_outcomes(*args, 4 * 37 * 90)
+    for ours, every in ((t2i, every_t2i), (i2t, every_i2t)):
+        for name in ("hits", "tied", "positive", "rank", "top"):
+            assert np.array_equal(getattr(ours, name), getattr(every, name)), name
+        assert np.array_equal(ours.score, every.score, equal_nan=True)

@@ -188,7 +188,7 @@ def scan(captions: torch.Tensor, images: torch.Tensor, caption_image: torch.Tens
                 values, at = top_per_column(tile, min(k_i2t, c1 - c0))
                 top_i2t[:, i0:i1], ids_i2t[:, i0:i1] = merge_top((top_i2t[:, i0:i1], ids_i2t[:, i0:i1]),
                                                                  (values, at + c0), k_i2t, dim=0)
-                counter.add(tile, c0, c1, i0, i1)
+                counter.add(tile, c0, c1, i0, i1, tops=((row_top.values, row_top.indices), (values, at)))
             inside = torch.nonzero((owner >= i0) & (owner < i1)).squeeze(1)
             if len(inside):
                 values = tile[inside, owner[inside] - i0]
@@ -346,10 +346,10 @@ def query_outcomes(captions: torch.Tensor, images: torch.Tensor, caption_image: 
     if not (redo_t2i.any() or redo_i2t.any()):
         return t2i, i2t
     exact = exact or ExactScores(captions, images, budget, host)
-    captions_of = _captions_per_image(owner, n_i)
+    captions_of = _CaptionsPerImage(owner, n_i)
     for outcome, undecided, redo, row_places, blocks, positives_of in (
             (t2i, open_t2i, redo_t2i, row_places_t2i, exact.caption_rows, lambda q: owner[q : q + 1]),
-            (i2t, open_i2t, redo_i2t, row_places_i2t, exact.image_columns, lambda q: captions_of[q])):
+            (i2t, open_i2t, redo_i2t, row_places_i2t, exact.image_columns, captions_of)):
         queries = torch.from_numpy(np.flatnonzero(redo))
         outcome.decided_exactly = len(queries)
         for ids, rows in blocks(queries):
@@ -366,10 +366,16 @@ def query_outcomes(captions: torch.Tensor, images: torch.Tensor, caption_image: 
     return t2i, i2t
 
 
-def _captions_per_image(owner: torch.Tensor, n_images: int) -> list[torch.Tensor]:
-    order = torch.argsort(owner, stable=True)
-    counts = torch.bincount(owner, minlength=n_images)
-    return list(torch.split(order, counts.tolist()))
+class _CaptionsPerImage:
+    """An image's captions (ascending), sliced on demand: only the few images decided exactly ask (a list of one
+    tensor per image cost more than those decisions on a tie-heavy set)."""
+
+    def __init__(self, owner: torch.Tensor, n_images: int):
+        self.order = torch.argsort(owner, stable=True)
+        self.start = np.r_[0, np.cumsum(np.bincount(owner.numpy(), minlength=n_images))]
+
+    def __call__(self, image: int) -> torch.Tensor:
+        return self.order[self.start[image] : self.start[image + 1]]
 
 
 class _no_tf32:

@@ -17,9 +17,12 @@ The 3 best candidates come from the pass's running top-k, kept with their indice
 by lower index); where two of the first 4 scores lie within the margin, retrieval_places.py orders the tied block
 on exact scores too, so ``top`` is the stable order of clip_benchmark's matrix for every query.
 
-The counts are four comparisons per tile element, in row chunks that stay in the cache, split between threads
-(NumPy's comparisons are several times faster than torch's on the CPU and release the GIL); on a GPU they are torch
-operations on the tile. On the CPU they add about a fifth to the pass, ties or not (benchmarks/sample_rows.py).
+On the CPU most queries are counted off the tile: the pass keeps each tile's largest values per row and per column
+(with where they lie) anyway, and where the smallest of them is below a query's window, every candidate at or above
+the window is among them, so the counts and window entries come from those few values. The other queries (those
+ranked deeper than the pass keeps) are counted on the tile, four comparisons per element of their rows (or columns),
+in row chunks that stay in the cache, split between threads (NumPy's comparisons are several times faster than
+torch's here and release the GIL). On a GPU the counts are torch operations on the whole tile.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ if TYPE_CHECKING:
 TOP = 3  # best-scored candidates kept per query (a report shows them)
 CHUNK_ROWS = 64  # rows of a tile compared at once: a chunk of 16,384 columns stays in the last-level cache
 DOT_BLOCK = 8192  # query rows per block of the positive-score estimate
+DEEP_COLUMNS = 0.25  # above this share of a tile's columns to count on the tile, every column is counted there
+
+WindowEntries = tuple[np.ndarray, np.ndarray]  # (query, candidate) index arrays of window entries
 
 
 class PositionCounter:
@@ -78,10 +84,13 @@ class PositionCounter:
         self.above_i2t = torch.zeros(n_i, dtype=torch.int64, device=device)
         self.at_least_i2t = torch.zeros(n_i, dtype=torch.int64, device=device)
 
-    def add(self, tile: torch.Tensor, c0: int, c1: int, i0: int, i1: int) -> None:
-        """Count one tile: captions c0:c1 (its rows) x images i0:i1 (its columns)."""
+    def add(self, tile: torch.Tensor, c0: int, c1: int, i0: int, i1: int, *,
+            tops: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        """Count one tile: captions c0:c1 (its rows) x images i0:i1 (its columns). ``tops``: the tile's largest
+        values per row and per column and where they lie (tile-local column and row indices), as the pass found
+        them: on the CPU, a query whose window lies within them is counted from them, not from the tile."""
         if self._cpu:
-            self._add_numpy(tile.numpy(), c0, c1, i0, i1)
+            self._add_numpy(tile.numpy(), (c0, c1, i0, i1), tops)
             return
         hi, lo = self._bounds["t2i"]
         self.above_t2i[c0:c1] += (tile > hi[c0:c1, None]).sum(dim=1)
@@ -94,61 +103,124 @@ class PositionCounter:
         rows, cols = torch.nonzero((tile >= lo[None, i0:i1]) & (tile <= hi[None, i0:i1]), as_tuple=True)
         self._window_i2t.append((cols + i0, rows + c0))
 
-    def _add_numpy(self, x: np.ndarray, c0: int, c1: int, i0: int, i1: int) -> None:
+    def _add_numpy(self, x: np.ndarray, span: tuple[int, int, int, int],
+                   tops: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None) -> None:
+        c0, c1, i0, i1 = span
+        deep_rows, deep_columns = np.ones(c1 - c0, dtype=bool), None
+        if tops is not None:  # most queries rank within the kept depth: counted from the tops, off the tile
+            deep_rows = self._rows_from_top(span, tops[0][0].numpy(), tops[0][1].numpy())
+            deep_columns = self._columns_from_top(span, tops[1][0].numpy(), tops[1][1].numpy())
         # NumPy's comparisons run on one core and release the GIL: the tile's rows are split between threads
         parts = np.array_split(np.arange(len(x)), max(1, min(self._threads, len(x) // CHUNK_ROWS)))
         spans = [(int(p[0]), int(p[-1]) + 1) for p in parts if len(p)]
-        if len(spans) == 1:
-            columns = [self._count_rows(x, c0, i0, i1, *spans[0])]
-        else:
-            columns = list(self._pool().map(lambda span: self._count_rows(x, c0, i0, i1, *span), spans))
+
+        def count(rows: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, list[WindowEntries], list[WindowEntries]]:
+            return self._count_rows(x, span, rows, deep_rows, deep_columns)
+
+        columns = [count(spans[0])] if len(spans) == 1 else list(self._pool().map(count, spans))
+        at = slice(i0, i1) if deep_columns is None else i0 + deep_columns
         for col_above, col_at_least, window_t2i, window_i2t in columns:
-            self.above_i2t.numpy()[i0:i1] += col_above
-            self.at_least_i2t.numpy()[i0:i1] += col_at_least
+            self.above_i2t.numpy()[at] += col_above
+            self.at_least_i2t.numpy()[at] += col_at_least
             self._window_t2i.extend(window_t2i)
             self._window_i2t.extend(window_i2t)
 
-    def _count_rows(self, x: np.ndarray, c0: int, i0: int, i1: int, start: int, stop: int) -> tuple[
-            np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]], list[tuple[np.ndarray, np.ndarray]]]:
-        """Count rows start:stop of a tile into the row counts; return their column counts and the window entries
-        they hold ((query, candidate) index arrays of each direction)."""
+    def _rows_from_top(self, span: tuple[int, int, int, int], values: np.ndarray, where: np.ndarray) -> np.ndarray:
+        """Count the tile's rows whose every candidate at or above the window's lower end is among the row's top
+        values (the smallest of them lies below it); return which rows (tile-local) must be counted on the tile."""
+        c0, c1, i0, i1 = span
+        row_hi, row_lo = (b[c0:c1] for b in self._np["t2i"])
+        if values.shape[1] >= i1 - i0:  # the top holds the whole row
+            deep = np.zeros(c1 - c0, dtype=bool)
+        else:
+            deep = values.min(axis=1) >= row_lo
+        shallow = np.flatnonzero(~deep)
+        values, where, hi, lo = values[shallow], where[shallow], row_hi[shallow, None], row_lo[shallow, None]
+        above, at_least = (values > hi).sum(axis=1), (values >= lo).sum(axis=1)
+        self.above_t2i.numpy()[c0 + shallow] += above
+        self.at_least_t2i.numpy()[c0 + shallow] += at_least
+        owner = self._owner.numpy()[c0 + shallow]
+        wide = np.flatnonzero(at_least - above > ((owner >= i0) & (owner < i1)))  # more than its own image
+        if len(wide):
+            r, j = np.nonzero((values[wide] >= lo[wide]) & (values[wide] <= hi[wide]))
+            self._window_t2i.append((c0 + shallow[wide[r]], i0 + where[wide[r], j]))
+        return deep
+
+    def _columns_from_top(self, span: tuple[int, int, int, int], values: np.ndarray, where: np.ndarray
+                          ) -> np.ndarray | None:
+        """As :meth:`_rows_from_top` for the tile's columns; returns the (tile-local) columns to count on the tile,
+        None for all of them (where most are: picking a few columns out of each row costs more than comparing)."""
+        c0, c1, i0, i1 = span
+        col_hi, col_lo = (b[i0:i1] for b in self._np["i2t"])
+        if values.shape[0] >= c1 - c0:
+            deep = np.zeros(i1 - i0, dtype=bool)
+        else:
+            deep = values.min(axis=0) >= col_lo
+        if deep.sum() > DEEP_COLUMNS * (i1 - i0):
+            return None
+        shallow = np.flatnonzero(~deep)
+        values, where, hi, lo = values[:, shallow], where[:, shallow], col_hi[shallow], col_lo[shallow]
+        self.above_i2t.numpy()[i0 + shallow] += (values > hi).sum(axis=0)
+        self.at_least_i2t.numpy()[i0 + shallow] += (values >= lo).sum(axis=0)
+        j, s = np.nonzero((values >= lo) & (values <= hi))
+        self._window_i2t.append((i0 + shallow[s], c0 + where[j, s]))
+        return np.flatnonzero(deep)
+
+    def _count_rows(self, x: np.ndarray, span: tuple[int, int, int, int], rows: tuple[int, int],
+                    deep_rows: np.ndarray, deep_columns: np.ndarray | None
+                    ) -> tuple[np.ndarray, np.ndarray, list[WindowEntries], list[WindowEntries]]:
+        """Count tile rows start:stop: those of ``deep_rows`` into the row counts; return the counts of
+        ``deep_columns`` (None: every column) over these rows and the window entries found ((query, candidate)
+        index arrays of each direction)."""
+        (c0, _, i0, i1), (start, stop) = span, rows
         (row_hi, row_lo), (col_hi, col_lo) = self._np["t2i"], self._np["i2t"]
         col_hi, col_lo = col_hi[i0:i1], col_lo[i0:i1]
+        if deep_columns is not None:
+            col_hi, col_lo = col_hi[deep_columns], col_lo[deep_columns]
         above, at_least = self.above_t2i.numpy(), self.at_least_t2i.numpy()
         owner = self._owner.numpy()
-        col_above = np.zeros(i1 - i0, dtype=np.int64)
-        col_at_least = np.zeros(i1 - i0, dtype=np.int64)
-        window_t2i: list[tuple[np.ndarray, np.ndarray]] = []
-        window_i2t: list[tuple[np.ndarray, np.ndarray]] = []
-        mask = np.empty((min(CHUNK_ROWS, stop - start), i1 - i0), dtype=bool)
+        col_above = np.zeros(len(col_hi), dtype=np.int64)
+        col_at_least = np.zeros(len(col_hi), dtype=np.int64)
+        window_t2i: list[WindowEntries] = []
+        window_i2t: list[WindowEntries] = []
+        row_mask = np.empty((min(CHUNK_ROWS, stop - start), i1 - i0), dtype=bool)
+        col_mask = np.empty((min(CHUNK_ROWS, stop - start), len(col_hi)), dtype=bool)
         for lo in range(start, stop, CHUNK_ROWS):
             chunk = x[lo : min(lo + CHUNK_ROWS, stop)]
-            rows = slice(c0 + lo, c0 + lo + len(chunk))
-            m = mask[: len(chunk)]
             # sums over the bytes of the mask in uint16 (a row holds at most TILE_WIDTH + MIN_BLOCK < 65,536
             # columns, a chunk CHUNK_ROWS rows): about 3x faster than count_nonzero or int32 sums here
-            np.greater(chunk, row_hi[rows, None], out=m)
-            row_above = np.add.reduce(m.view(np.uint8), axis=1, dtype=np.uint16).astype(np.int64)
-            np.greater_equal(chunk, row_lo[rows, None], out=m)
-            row_at_least = np.add.reduce(m.view(np.uint8), axis=1, dtype=np.uint16).astype(np.int64)
-            above[rows] += row_above
-            at_least[rows] += row_at_least
-            np.greater(chunk, col_hi, out=m)
+            picked = np.flatnonzero(deep_rows[lo : lo + len(chunk)])
+            if len(picked):
+                part = chunk if len(picked) == len(chunk) else chunk[picked]
+                at = c0 + lo + picked
+                m = row_mask[: len(part)]
+                np.greater(part, row_hi[at, None], out=m)
+                row_above = np.add.reduce(m.view(np.uint8), axis=1, dtype=np.uint16).astype(np.int64)
+                np.greater_equal(part, row_lo[at, None], out=m)
+                row_at_least = np.add.reduce(m.view(np.uint8), axis=1, dtype=np.uint16).astype(np.int64)
+                above[at] += row_above
+                at_least[at] += row_at_least
+                # a caption's own image lies in its window (in the tile that holds it): only more than that is kept
+                own = (owner[at] >= i0) & (owner[at] < i1)
+                wide = np.flatnonzero(row_at_least - row_above > own)
+                if len(wide):
+                    r, c = _within(part[wide], row_lo[at[wide], None], row_hi[at[wide], None])
+                    window_t2i.append((at[wide[r]], i0 + c))
+            if not len(col_hi):
+                continue
+            part = chunk if deep_columns is None else chunk[:, deep_columns]
+            m = col_mask[: len(part)]
+            np.greater(part, col_hi, out=m)
             chunk_above = np.add.reduce(m.view(np.uint8), axis=0, dtype=np.uint16)
-            np.greater_equal(chunk, col_lo, out=m)
+            np.greater_equal(part, col_lo, out=m)
             chunk_at_least = np.add.reduce(m.view(np.uint8), axis=0, dtype=np.uint16)
             col_above += chunk_above
             col_at_least += chunk_at_least
-            # a caption's own image lies in its window (in the tile that holds it): only more than that is kept
-            own = (owner[rows] >= i0) & (owner[rows] < i1)
-            wide = np.flatnonzero(row_at_least - row_above > own)
-            if len(wide):
-                r, c = _within(chunk[wide], row_lo[rows][wide, None], row_hi[rows][wide, None])
-                window_t2i.append((c0 + lo + wide[r], i0 + c))
             wide = np.flatnonzero(chunk_at_least != chunk_above)
             if len(wide):
-                r, c = _within(chunk[:, wide], col_lo[wide], col_hi[wide])
-                window_i2t.append((i0 + wide[c], c0 + lo + r))
+                r, c = _within(part[:, wide], col_lo[wide], col_hi[wide])
+                column = wide[c] if deep_columns is None else deep_columns[wide[c]]
+                window_i2t.append((i0 + column, c0 + lo + r))
         return col_above, col_at_least, window_t2i, window_i2t
 
     def _pool(self) -> ThreadPoolExecutor:
