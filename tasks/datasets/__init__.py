@@ -134,20 +134,55 @@ def get_source(name: str) -> DatasetSource:
     return obj
 
 
-def sources_by_priority() -> list[DatasetSource]:
-    return sorted((get_source(name) for name in SOURCES.names()), key=lambda s: (s.priority, s.name))
+# What the built-in sources whose modules import NumPy, PIL or Arrow can claim, known without importing them, so a
+# mistyped --dataset is answered without those imports: sources that claim only a folder given with --dataset_root,
+# and sources that claim only their own names (tests/test_dataset_sources.py checks both against the classes).
+FOLDER_ONLY = frozenset({"beir", "any2any", "visual_sts", "multiple_choice", "composed_retrieval", "multilabel",
+                         "vidore"})
+
+
+def _group_layout_names() -> list[str]:  # tasks/datasets/group_layouts.py's group_layouts(), without its imports
+    data = json.loads(Path(__file__).with_name("group_layouts.json").read_text(encoding="utf-8"))
+    return sorted(k for k in data if not k.startswith("_"))
+
+
+OWN_NAMES: dict[str, Callable[[], list[str]]] = {"group_layouts": _group_layout_names,
+                                                 "winogavil": lambda: ["misc/winogavil"]}
+
+
+def _may_claim(source: str, ref: DatasetRef | None) -> bool:
+    """Whether source ``source`` may claim ``ref`` (None: any), as far as it is known without importing it."""
+    if ref is None:
+        return True
+    if source in FOLDER_ONLY:
+        return ref.dataset_root is not None
+    names = OWN_NAMES.get(source)
+    return names is None or ref.name in names() or ref.bare in names()
+
+
+def sources_by_priority(ref: DatasetRef | None = None) -> list[DatasetSource]:
+    """The sources by priority; with ``ref``, only those that may claim it (the others are not imported)."""
+    return sorted((get_source(name) for name in SOURCES.names() if _may_claim(name, ref)),
+                  key=lambda s: (s.priority, s.name))
 
 
 def _claimant(ref: DatasetRef, *, image_data: bool = False) -> DatasetSource | None:
     """The first source, by priority, that claims ``ref`` (with ``image_data``, only sources of image datasets)."""
-    for source in sources_by_priority():
+    for source in sources_by_priority(ref):
         if not (image_data and source.only_for) and source.claims(ref):
             return source
     return None
 
 
 def known_names() -> list[str]:
-    return list(dict.fromkeys(name for source in sources_by_priority() for name in source.known_names()))
+    """The names the sources suggest for a typo (those of the sources in FOLDER_ONLY and OWN_NAMES known without
+    importing them)."""
+    names: list[str] = []
+    for source in SOURCES.names():
+        if source in FOLDER_ONLY:
+            continue
+        names += OWN_NAMES[source]() if source in OWN_NAMES else get_source(source).known_names()
+    return list(dict.fromkeys(names))
 
 
 def _unknown(name: str) -> DatasetError:
