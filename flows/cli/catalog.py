@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from clipcache.tasks.datasets.record import DatasetRecord
 
 
 def add_catalog_parsers(sub: argparse._SubParsersAction) -> None:
@@ -19,63 +23,68 @@ def add_catalog_parsers(sub: argparse._SubParsersAction) -> None:
     m.set_defaults(handler=run_models)
 
 
-OWN_LAYOUTS = {"sugar_crepe": "SugarCrepe: val2017/ + <task>.json (clip_benchmark's layout)",
-               "winoground": "the datasets cache of facebook/winoground, or its Parquet files",
-               "custom": "evalscope's image_queries.jsonl", "imagefolder": "your <class>/<image> folders",
-               "image_labels": "your image_labels.csv or .jsonl + classnames.txt"}
+# The sources of clip_benchmark's builder names: their rows are the README's table (`clipcache datasets --markdown`)
+CLIP_BENCHMARK_SOURCES = {"original", "webdataset", "hosted"}
+
+
+def _clip_benchmark(record: DatasetRecord) -> bool:
+    """A name of clip_benchmark's builder or hosted catalog (or one it has that clipcache does not read)."""
+    return not record.readable or (not record.is_pattern and set(record.sources) <= CLIP_BENCHMARK_SOURCES)
+
+
+def listed_records() -> list[DatasetRecord]:
+    """The catalog in listing order: the registered readers' names, clip_benchmark's names (sorted), then the
+    other families and the folder formats any name may have, in the order the lookup asks their sources."""
+    from clipcache.tasks.datasets import dataset_catalog
+
+    records = dataset_catalog()
+    registered = [r for r in records if r.sources[:1] == ("registered",)]
+    clip_benchmark = sorted((r for r in records if _clip_benchmark(r)), key=lambda r: r.name)
+    rest = [r for r in records if r not in registered and r not in clip_benchmark]
+    return [*registered, *clip_benchmark, *(r for r in rest if not r.is_pattern), *(r for r in rest if r.is_pattern)]
+
+
+def _layout(record: DatasetRecord) -> str:
+    """What the listing shows under "original layout": the first layout, and which package adds a plugin's name."""
+    layout = record.layouts[0] if record.layouts else ""
+    return layout if record.origin == "clipcache" else f"{layout}; {record.origin}"
 
 
 def catalog_rows(cache_dir: str, hub: str) -> list[dict]:
-    """One row per name: clipcache's own datasets, then every name of clip_benchmark's builder and the hosted
-    catalog, each with the layouts it is read from."""
+    """One row per record of the dataset catalog (every name the lookup resolves, and clip_benchmark's names it
+    does not read), with what is downloaded of the hosted ones."""
     from clipcache.flows.cli.cache import human_bytes
     from clipcache.storage.embedding_store import folder_bytes
-    from clipcache.tasks.datasets import DATASETS, catalog, registered_task
-    from clipcache.tasks.datasets.download import HubDataset, repo_name
-    from clipcache.tasks.datasets.layouts import describe, layouts, not_read, task_of
+    from clipcache.tasks.datasets.download import HubDataset
 
     rows = []
-    for name in DATASETS.names():
-        source = "bundled" if name.startswith("shapes") else OWN_LAYOUTS.get(name.split("/")[0],
-                                                                              "your files (--dataset_root)")
-        if DATASETS.origin(name) != "clipcache":  # a plugin: say which package adds it
-            source = f"{source}; {DATASETS.origin(name)}"
-        rows.append({"name": name, "task": registered_task(name), "original layout": source, "hosted": "",
-                     "cached": "", "size": ""})
-    for name in sorted(set(catalog()) | set(layouts()) | set(not_read())):
-        row = {"name": name, "task": "", "original layout": "", "hosted": "", "cached": "", "size": ""}
-        if name in layouts():
-            row["task"], row["original layout"] = task_of(name), describe(name)
-        elif name in not_read():
-            row["original layout"] = not_read()[name]
-        if name in catalog():
-            hosted = HubDataset(hub, f"clip-benchmark/{repo_name(name)}")
+    for record in listed_records():
+        row = {"name": record.name, "task": record.task, "original layout": _layout(record), "hosted": record.hosted,
+               "cached": "", "size": ""}
+        if record.hosted and not record.is_pattern and "hosted" in record.sources:
+            hosted = HubDataset(hub, record.hosted)
             root = hosted.local_root(cache_dir)
             splits = sorted(p.parent.name for p in root.glob("*/.complete.json"))
-            row.update(task=catalog()[name]["task"], hosted=hosted.repo, cached=", ".join(splits) or "no",
+            row.update(hosted=hosted.repo, cached=", ".join(splits) or "no",
                        size=human_bytes(folder_bytes(root)) if root.exists() else "")
         rows.append(row)
     return rows
 
 
 def markdown_table() -> str:
-    from clipcache.tasks.datasets import catalog
-    from clipcache.tasks.datasets.download import repo_name
-    from clipcache.tasks.datasets.layouts import describe, layouts, not_read, task_of
-
+    """The README's table: clip_benchmark's names with their original layout and hub repository."""
     lines = ["| name | task | original layout under `--dataset_root` | Hugging Face / ModelScope webdataset |",
              "|---|---|---|---|"]
-    for name in sorted(set(catalog()) | set(layouts()) | set(not_read())):
-        row = catalog().get(name, {})
-        note = f" ({row['notes']})" if row.get("notes") else ""
-        task = row.get("task") or (task_of(name) if name in layouts() else "")
-        if name in layouts():
-            what, _, folder = describe(name).partition(": ")
+    for record in listed_records():
+        if not _clip_benchmark(record):
+            continue
+        note = f" ({record.note})" if record.note else ""
+        original = record.layouts[0] if record.layouts else ""
+        if "original" in record.sources:
+            what, _, folder = original.partition(": ")
             original = f"{what}: `{folder}`"
-        else:
-            original = not_read().get(name, "")
-        hosted = f"`clip-benchmark/{repo_name(name)}`" if row else ""
-        lines.append(f"| `{name}`{note} | {task} | {original.replace('|', '/')} | {hosted} |")
+        hosted = f"`{record.hosted}`" if record.hosted else ""
+        lines.append(f"| `{record.name}`{note} | {record.task} | {original.replace('|', '/')} | {hosted} |")
     return "\n".join(lines)
 
 

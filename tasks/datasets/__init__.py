@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clipcache.storage.errors import DatasetError
+from clipcache.tasks.datasets.record import DatasetRecord, merge_records
 from clipcache.tasks.datasets.source import WDS_PREFIX, DatasetRef, DatasetSource, OpenOptions, format_root
 from clipcache.tasks.registry import Registry
 
@@ -40,8 +41,8 @@ if TYPE_CHECKING:  # naming datasets must not import numpy (base) or any reader
 
     Loader = Callable[[str, Path | None, str, int | None], EvalDataset]
 
-__all__ = ["DATASETS", "SOURCES", "WDS_PREFIX", "DatasetRef", "DatasetSource", "OpenOptions", "catalog", "check_name",
-           "default_task", "format_root", "get_reader", "get_source", "known_names", "open_dataset", "original_names",
+__all__ = ["DATASETS", "SOURCES", "WDS_PREFIX", "DatasetRecord", "DatasetRef", "DatasetSource", "OpenOptions", "catalog",
+           "check_name", "dataset_catalog", "default_task", "format_root", "get_reader", "get_source", "known_names", "open_dataset", "original_names",
            "registered_task", "sources_by_priority"]
 
 DATASETS: Registry[Loader] = Registry("dataset", DatasetError, entry_point_group="clipcache.datasets")
@@ -183,6 +184,12 @@ def known_names() -> list[str]:
             continue
         names += OWN_NAMES[source]() if source in OWN_NAMES else get_source(source).known_names()
     return list(dict.fromkeys(names))
+
+
+def dataset_catalog() -> list[DatasetRecord]:
+    """One record per dataset name (or pattern of names) that the lookup resolves, from the sources it asks, in
+    their order: what ``clipcache datasets`` lists. A name several sources read is one record naming them all."""
+    return merge_records(record for source in sources_by_priority() for record in source.records())
 
 
 def _unknown(name: str) -> DatasetError:

@@ -42,6 +42,7 @@ from clipcache.storage.errors import DatasetError
 from clipcache.storage.sample_metadata import SampleMetadata
 from clipcache.tasks.datasets.group_originals import original_folder, read_original
 from clipcache.tasks.datasets.labelled import LabelledImages
+from clipcache.tasks.datasets.record import DatasetRecord
 from clipcache.tasks.datasets.safe_pickle import DatasetUnpickler, RefusedGlobal
 from clipcache.tasks.datasets.source import DatasetRef, DatasetSource, OpenOptions
 from clipcache.tasks.datasets.wds import WebDataset, load_webdataset, read_npy, read_prompts, split_key
@@ -287,3 +288,7 @@ class GroupLayouts(DatasetSource):
 
     def known_names(self) -> list[str]:
         return sorted(group_layouts())
+
+    def records(self) -> list[DatasetRecord]:
+        return [DatasetRecord(name, self.task(DatasetRef(name)), (self.name,), (_where(name),))
+                for name in group_layouts()]

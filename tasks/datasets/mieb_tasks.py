@@ -25,6 +25,7 @@ from typing import Any
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets.mieb_images import check_mieb_images
+from clipcache.tasks.datasets.record import DatasetRecord
 from clipcache.tasks.datasets.source import DatasetRef, DatasetSource, OpenOptions, format_root
 
 PREFIX = "mieb:"
@@ -243,3 +244,9 @@ class MiebSource(DatasetSource):
         hf_cache = Path(cache) / "hf_datasets" if cache and "://" not in cache else None  # remote: a temporary one
         return load_mieb(name, format_root(ref.dataset_root, name) if ref.dataset_root else None, split,
                          options.language, hf_cache)
+
+    def records(self) -> list[DatasetRecord]:
+        """One pattern: the task names are mteb's (importing mteb to list them is too slow for a listing)."""
+        return [DatasetRecord(f"{PREFIX}<mteb task name>", NAME, (self.name,),
+                              ("a snapshot of the task's Hugging Face dataset (Parquet files or save_to_disk)",),
+                              hosted="the task's Hugging Face dataset (mteb's loader)")]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from clipcache.storage.errors import ConfigError, DatasetError
+from clipcache.tasks.datasets.record import DatasetRecord
 
 WDS_PREFIX = "wds/"
 
@@ -93,3 +94,13 @@ class DatasetSource(ABC):
     def known_names(self) -> list[str]:
         """Names this source can suggest for a typo ("Did you mean")."""
         return []
+
+    def records(self) -> list[DatasetRecord]:
+        """What the catalog (and ``clipcache datasets``) lists for this source: a record per known name, or, for a
+        source that claims a folder format under any name, one pattern record ``<name>``. Override it to say more
+        (layouts, splits, languages); it must stay as cheap as ``known_names`` (no data read)."""
+        layouts = (self.description,) if self.description else ()
+        if names := self.known_names():
+            return [DatasetRecord(n, self.task(DatasetRef(n)), (self.name,), layouts) for n in names]
+        task = self.only_for[0] if len(self.only_for) == 1 else ""
+        return [DatasetRecord("<name>", task, (self.name,), layouts)]

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets import DATASETS, catalog, get_reader, original_names, registered_task
+from clipcache.tasks.datasets.record import DatasetRecord
 from clipcache.tasks.datasets.source import WDS_PREFIX, DatasetRef, DatasetSource, OpenOptions, format_root
 
 if TYPE_CHECKING:
@@ -98,6 +99,12 @@ class RegisteredReaders(DatasetSource):
     def known_names(self) -> list[str]:
         return DATASETS.names()
 
+    def records(self) -> list[DatasetRecord]:
+        """A reader says its task and, in its ``description``, its files; a plugin's record names its package."""
+        return [DatasetRecord(name, registered_task(name), (self.name,),
+                              (getattr(get_reader(name), "description", "") or "your files (--dataset_root)",),
+                              origin=DATASETS.origin(name)) for name in DATASETS.names()]
+
 
 class OriginalLayouts(DatasetSource):
     name = "original"
@@ -139,6 +146,17 @@ class OriginalLayouts(DatasetSource):
     def known_names(self) -> list[str]:
         return original_names()
 
+    def records(self) -> list[DatasetRecord]:
+        """Every name of clip_benchmark's builder: those read from their original files (layouts.json), and those
+        clipcache does not read, with why (no source)."""
+        from clipcache.tasks.datasets.layouts import describe, languages_of, layouts, not_read
+
+        read = [DatasetRecord(name, self.task(DatasetRef(name)), (self.name,), (describe(name),),
+                              languages=tuple(languages_of(name) or ()),
+                              splits=None if entry["splits"] is None else tuple(entry["splits"]))
+                for name, entry in sorted(layouts().items())]
+        return read + [DatasetRecord(name, "", (), (why,)) for name, why in not_read().items()]
+
 
 class WebdatasetFolders(DatasetSource):
     name = "webdataset"
@@ -155,6 +173,14 @@ class WebdatasetFolders(DatasetSource):
         from clipcache.tasks.datasets.wds import load_webdataset
 
         return load_webdataset(ref.name, ref.folder("a webdataset split folder (<split>/nshards.txt)"), split, limit)
+
+    def records(self) -> list[DatasetRecord]:
+        """Any folder of clip_benchmark's webdataset layout as wds/<name>; the hosted names' copies (their layout
+        is the pattern's, so their records add only this source)."""
+        pattern = DatasetRecord(f"{WDS_PREFIX}<name>", "", (self.name,),
+                                ("clip_benchmark's webdataset layout: <split>/nshards.txt + <split>/N.tar; the task "
+                                 "from dataset_type.txt",))
+        return [pattern, *(DatasetRecord(name, row["task"], (self.name,)) for name, row in sorted(catalog().items()))]
 
 
 class HostedCatalog(DatasetSource):
@@ -181,3 +207,10 @@ class HostedCatalog(DatasetSource):
 
     def known_names(self) -> list[str]:
         return sorted(catalog())
+
+    def records(self) -> list[DatasetRecord]:
+        from clipcache.tasks.datasets.download import repo_name
+
+        wds = DatasetRecord(f"{WDS_PREFIX}<name>", "", (self.name,), hosted=f"clip-benchmark/{repo_name('<name>')}")
+        return [wds, *(DatasetRecord(name, row["task"], (self.name,), hosted=f"clip-benchmark/{repo_name(name)}",
+                                     note=row.get("notes") or "") for name, row in sorted(catalog().items()))]
