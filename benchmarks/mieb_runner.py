@@ -61,7 +61,7 @@ def mteb_own(model: str, root: Path, batch_size: int) -> tuple[float, float]:
     """(seconds, main score) of mteb.evaluate with the model uncached."""
     import mteb
 
-    from clipcache.tasks.datasets.mieb_tasks import load_mieb
+    from clipcache.tasks.datasets.mieb.mieb_tasks import load_mieb
     from clipcache.tasks.encode.mteb_encoder import UncachedMtebEncoder, model_meta
 
     started = time.perf_counter()
@@ -93,7 +93,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root, cache = Path(tmp) / "cifar10", Path(tmp) / "cache"
         write_cifar10_copy(root, args.images)
-        from clipcache.tasks.datasets.mieb_tasks import load_mieb
+        from clipcache.tasks.datasets.mieb.mieb_tasks import load_mieb
 
         load_mieb("CIFAR10ZeroShot", root, "test", "en")  # datasets' one-time Parquet -> Arrow conversion, untimed
         print(f"{args.images} images, model {args.model}, batch {args.batch_size}, {torch.get_num_threads()} threads")

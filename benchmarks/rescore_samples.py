@@ -32,7 +32,7 @@ import numpy as np
 from PIL import Image
 
 from clipcache.flows.cli import main
-from clipcache.tasks.datasets.original import imagenet_wnids
+from clipcache.tasks.datasets.clip_benchmark.original import imagenet_wnids
 
 
 def write_folder(root: Path, n: int) -> None:

@@ -1,5 +1,6 @@
-"""Write tasks/datasets/prompts/imagenet1k.json (ImageNet-1k class names and zero-shot templates per language) and
-tasks/datasets/prompts/clip_benchmark.json (every dataset's class names and templates per language, as shipped).
+"""Write tasks/datasets/clip_benchmark/prompts/imagenet1k.json (ImageNet-1k class names and zero-shot templates per
+language) and tasks/datasets/clip_benchmark/prompts/clip_benchmark.json (every dataset's class names and templates per
+language, as shipped).
 
     .venv/bin/python scripts/extract_language_data.py
 
@@ -29,7 +30,8 @@ def main() -> None:
             encoding="utf-8"))["imagenet1k"]
         assert len(names) == 1000 and all("{c}" in t for t in templates), lang
         out[lang] = {"classnames": names, "templates": templates}
-    target = Path(__file__).resolve().parents[1] / "tasks" / "datasets" / "prompts" / "imagenet1k.json"
+    prompts = Path(__file__).resolve().parents[1] / "tasks" / "datasets" / "clip_benchmark" / "prompts"
+    target = prompts / "imagenet1k.json"
     target.write_text(json.dumps(out, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {target} ({target.stat().st_size:,} bytes)")
     everything = {"_provenance": f"LAION clip_benchmark {version('clip-benchmark')} (MIT licence): "

@@ -45,7 +45,7 @@ from mieb_lite_local import N_CLASSES, build, images  # noqa: E402
 
 from clipcache.tasks.datasets import shapes  # noqa: E402
 
-PROMPTS = REPO / "tasks" / "datasets" / "prompts" / "clip_benchmark.json"
+PROMPTS = REPO / "tasks" / "datasets" / "clip_benchmark" / "prompts" / "clip_benchmark.json"
 
 
 def real_classnames(dataset: str) -> list[str] | None:

@@ -17,7 +17,7 @@ from clipcache import connect
 from clipcache.flows.cli import main
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.tasks.datasets import shapes
-from clipcache.tasks.datasets.composed_layouts import open_composed
+from clipcache.tasks.datasets.mieb.composed_layouts import open_composed
 from clipcache.tasks.evaluation import evaluate_one
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings
 from clipcache.tasks.score.composed_retrieval import composed_ranks

@@ -1,5 +1,5 @@
-"""Every original layout of clip_benchmark's builder that clipcache reads (tasks/datasets/layouts.json), on tiny
-generated folders (tests/layout_fixtures.py): clipcache's reader yields the same samples as clip_benchmark's own
+"""Every original layout of clip_benchmark's builder that clipcache reads (tasks/datasets/clip_benchmark/layouts.json),
+on tiny generated folders (tests/layout_fixtures.py): clipcache's reader yields the same samples as clip_benchmark's own
 ``build_dataset`` on the same folder (pixels, labels or captions, order, class names, templates), and one layout of
 each reader family scores equal to clip_benchmark's ``evaluate()``."""
 
@@ -18,7 +18,7 @@ from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import ClipcacheError, DatasetError
 from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.datasets import open_dataset
-from clipcache.tasks.datasets.layouts import layouts, task_of
+from clipcache.tasks.datasets.clip_benchmark.layouts import layouts, task_of
 from clipcache.tasks.encode.stage import ModelSession
 from clipcache.tasks.evaluation import evaluate_one
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, PromptSettings, ScoreSettings

@@ -11,7 +11,7 @@ from clip_benchmark.datasets.builder import dataset_collection
 from clipcache.flows.config.params import EvaluateParams
 from clipcache.storage.errors import ConfigError
 from clipcache.tasks.datasets import catalog
-from clipcache.tasks.datasets.collections import canonical, dataset_collections
+from clipcache.tasks.datasets.clip_benchmark.collections import canonical, dataset_collections
 
 
 def params(datasets, **kw):

@@ -17,7 +17,7 @@ from clipcache.flows.cli import main
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.datasets import check_name, default_task, shapes
-from clipcache.tasks.datasets.composed_layouts import fashioniq_text, open_composed
+from clipcache.tasks.datasets.mieb.composed_layouts import fashioniq_text, open_composed
 from clipcache.tasks.encode.stage import ModelSession
 from clipcache.tasks.evaluation import evaluate_one
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings
@@ -129,7 +129,7 @@ def test_equal_to_mteb_cirr_it2i_on_the_cached_embeddings(tmp_path, monkeypatch)
     import datasets
     from mteb.models.abs_encoder import AbsEncoder
 
-    from clipcache.tasks.datasets.mieb_tasks import load_mieb
+    from clipcache.tasks.datasets.mieb.mieb_tasks import load_mieb
 
     # a fresh datasets cache: a shared one can hand back another run's copy of a same-named temporary folder
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets")

@@ -11,7 +11,7 @@ from hub_server import HubServer
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets import catalog, open_dataset
-from clipcache.tasks.datasets.download import HubDataset, fetch_dataset, repo_name
+from clipcache.tasks.datasets.clip_benchmark.download import HubDataset, fetch_dataset, repo_name
 
 from conftest import write_wds
 

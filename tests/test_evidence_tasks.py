@@ -299,7 +299,7 @@ def test_why_clustering_has_no_bootstrap_interval():
 def test_sample_keys_name_each_sample_of_every_classification_layout(tmp_path, monkeypatch):
     """Where a dataset names its samples (files; VOC's objects by their box), each name is its sample's alone."""
     from clipcache.tasks.datasets import open_dataset
-    from clipcache.tasks.datasets.layouts import layouts, task_of
+    from clipcache.tasks.datasets.clip_benchmark.layouts import layouts, task_of
     from tests.layout_fixtures import SPLITS, no_integrity_checks, write_layout
 
     no_integrity_checks(monkeypatch)

@@ -22,7 +22,7 @@ from test_group_metrics import (
 
 from clipcache import connect
 from clipcache.storage.sample_metadata import SampleMetadata
-from clipcache.tasks.datasets.group_layouts import group_layouts
+from clipcache.tasks.datasets.datacomp.group_layouts import group_layouts
 from clipcache.tasks.score.intervals import (
     DEFAULT_RESAMPLES,
     macro_f1_statistic,

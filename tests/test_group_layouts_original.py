@@ -18,7 +18,7 @@ import pytest
 from clipcache import connect
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets import open_dataset
-from clipcache.tasks.datasets.group_layouts import group_layouts
+from clipcache.tasks.datasets.datacomp.group_layouts import group_layouts
 
 from hostile import assert_refused, run_cli
 

@@ -18,7 +18,7 @@ from clipcache import connect
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.sample_metadata import LINK_UNIT, SampleMetadata
 from clipcache.tasks.datasets import open_dataset
-from clipcache.tasks.datasets.group_layouts import group_layouts
+from clipcache.tasks.datasets.datacomp.group_layouts import group_layouts
 from clipcache.tasks.suites import groups, load_suite
 from clipcache.tasks.suites.scoring import score_suite
 

@@ -24,8 +24,8 @@ import torch
 from safetensors.torch import load_file
 
 from clipcache.storage.errors import DatasetError, ModelError
+from clipcache.tasks.datasets.clip_benchmark.wds import read_npy
 from clipcache.tasks.datasets.safe_pickle import DatasetUnpickler, load_dataset_pickle
-from clipcache.tasks.datasets.wds import read_npy
 from clipcache.tasks.models import custom_code
 
 from conftest import TINY_MODEL, replace_tar_member, write_wds

@@ -251,7 +251,7 @@ def test_numbers_equal_clip_benchmark_with_the_model_wired_as_internvls_fork_wir
 def test_imagenet_class_names_in_the_seeds_languages(here, capsys, tmp_path):
     """--language cn jp ar it: the ImageNet class names and templates of each language (clip_benchmark's), here on
     a six-class ImageNet-A webdataset (the full 1,000 classes cost minutes with a byte-level tiny tokenizer)."""
-    from clipcache.tasks.datasets.languages import imagenet_prompts
+    from clipcache.tasks.datasets.clip_benchmark.languages import imagenet_prompts
 
     from conftest import write_wds
 

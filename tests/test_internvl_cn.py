@@ -18,7 +18,7 @@ from PIL import Image
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets import open_dataset
-from clipcache.tasks.datasets.internvl_cn import fork_caption
+from clipcache.tasks.datasets.clip_benchmark.internvl_cn import fork_caption
 
 from hostile import assert_refused, run_cli
 

@@ -9,7 +9,7 @@ import pytest
 from clipcache.storage.errors import ConfigError
 from clipcache.tasks.datasets import open_dataset
 from clipcache.tasks.datasets.base import ClassPrompts
-from clipcache.tasks.datasets.languages import imagenet_prompts, languages, localize
+from clipcache.tasks.datasets.clip_benchmark.languages import imagenet_prompts, languages, localize
 
 from conftest import write_wds
 

@@ -127,7 +127,7 @@ def mteb_uncached(name, root, model):
     """mteb.evaluate itself, on the same local copy, with the same model and no cache."""
     import mteb
 
-    from clipcache.tasks.datasets.mieb_tasks import load_mieb
+    from clipcache.tasks.datasets.mieb.mieb_tasks import load_mieb
     from clipcache.tasks.encode.mteb_encoder import UncachedMtebEncoder, model_meta
 
     data = load_mieb(name, root, "test", "en")

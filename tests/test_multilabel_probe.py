@@ -14,7 +14,7 @@ from PIL import Image, ImageDraw
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
-from clipcache.tasks.datasets.multilabel_layouts import VOC_CLASSES, open_label_lists, open_voc2007
+from clipcache.tasks.datasets.mieb.multilabel_layouts import VOC_CLASSES, open_label_lists, open_voc2007
 from clipcache.tasks.encode.stage import ModelSession
 from clipcache.tasks.evaluation import evaluate_one
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings

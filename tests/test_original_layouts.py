@@ -115,7 +115,7 @@ def write_imagenet(root, per_class=1):
     """torchvision's ImageNet layout: meta.bin beside val/<wnid>/, every one of the 1,000 class folders non-empty
     (as torchvision requires); shapes images, one per class."""
     from clipcache.tasks.datasets import shapes
-    from clipcache.tasks.datasets.original import imagenet_wnids
+    from clipcache.tasks.datasets.clip_benchmark.original import imagenet_wnids
 
     wnids = imagenet_wnids()
     ds = shapes.load_shapes("fixture", "zeroshot_classification", "test", 1200)
@@ -154,7 +154,7 @@ def test_imagenet_folder_equals_clip_benchmark(tmp_path, tiny_model_dir):
 
 
 def test_a_plain_val_folder_with_some_classes_keeps_the_1000_class_indices(tmp_path):
-    from clipcache.tasks.datasets.original import imagenet_wnids
+    from clipcache.tasks.datasets.clip_benchmark.original import imagenet_wnids
 
     wnids = imagenet_wnids()
     for wnid in (wnids[3], wnids[998]):

@@ -19,8 +19,8 @@ from test_multiple_choice import write_questions
 
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.hashing import FileHashMemo
-from clipcache.tasks.datasets.composed_layouts import open_composed
-from clipcache.tasks.datasets.mieb_layouts import open_multiple_choice
+from clipcache.tasks.datasets.mieb.composed_layouts import open_composed
+from clipcache.tasks.datasets.mieb.mieb_layouts import open_multiple_choice
 from clipcache.tasks.encode.mteb_encoder import CachedMtebEncoder, UncachedMtebEncoder, image_pool_fields, model_meta
 from clipcache.tasks.encode.stage import ModelSession
 from clipcache.tasks.evaluation import evaluate_one

@@ -59,8 +59,8 @@ def test_every_dataset_name_is_claimed_and_its_task_is_a_registered_task(name, t
 
 
 def test_every_original_layout_names_a_reader_and_a_registered_task():
-    from clipcache.tasks.datasets.layout_readers import READERS
-    from clipcache.tasks.datasets.layouts import describe, layouts, task_of
+    from clipcache.tasks.datasets.clip_benchmark.layout_readers import READERS
+    from clipcache.tasks.datasets.clip_benchmark.layouts import describe, layouts, task_of
 
     for name, entry in layouts().items():
         assert entry["reader"] in READERS, name

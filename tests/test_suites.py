@@ -12,7 +12,7 @@ import pytest
 
 from clipcache.storage.errors import ConfigError
 from clipcache.storage.warehouse import connect
-from clipcache.tasks.datasets.collections import canonical, dataset_collections
+from clipcache.tasks.datasets.clip_benchmark.collections import canonical, dataset_collections
 from clipcache.tasks.score.intervals import paired_draws, percentile_interval
 from clipcache.tasks.suites import load_suite, metric_parts, shipped
 from clipcache.tasks.suites.scoring import score_suite

@@ -16,7 +16,7 @@ from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.datasets import default_task, open_dataset
-from clipcache.tasks.datasets.svo_probes import SvoProbesSelection, negative_type
+from clipcache.tasks.datasets.compositionality.svo_probes import SvoProbesSelection, negative_type
 from clipcache.tasks.encode.stage import ModelSession
 from clipcache.tasks.evaluation import evaluate_one
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings

@@ -154,7 +154,7 @@ def mteb_uncached(name, root, model, language="en"):
     """mteb.evaluate itself on the BEIR copy: mteb's ViDoRe loader and pytrec_eval, the same model, no cache."""
     import mteb
 
-    from clipcache.tasks.datasets.mieb_tasks import load_mieb
+    from clipcache.tasks.datasets.mieb.mieb_tasks import load_mieb
     from clipcache.tasks.encode.mteb_encoder import UncachedMtebEncoder, model_meta
 
     data = load_mieb(name, root, "test", language)
@@ -262,7 +262,7 @@ def test_the_folder_says_which_task(copies):
 
 
 def test_bad_data_is_one_line(copies, tmp_path):
-    from clipcache.tasks.datasets.vidore import open_vidore
+    from clipcache.tasks.datasets.mieb.vidore import open_vidore
 
     with pytest.raises(DatasetError, match=r"queries are in english, french; choose one with --language"):
         open_vidore("v", copies["v2"], "test", None, "ja")

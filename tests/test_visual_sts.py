@@ -21,7 +21,7 @@ from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.datasets import check_name, default_task
-from clipcache.tasks.datasets.mieb_layouts import open_visual_sts
+from clipcache.tasks.datasets.mieb.mieb_layouts import open_visual_sts
 from clipcache.tasks.encode.stage import ModelSession
 from clipcache.tasks.evaluation import evaluate_one
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings

@@ -23,7 +23,7 @@ from clipcache.flows.cli import main
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.datasets import check_name, default_task, shapes
-from clipcache.tasks.datasets.winogavil import clip_prompt, open_winogavil
+from clipcache.tasks.datasets.datacomp.winogavil import clip_prompt, open_winogavil
 from clipcache.tasks.score.intervals import paired_draws
 from clipcache.tasks.score.winogavil import game_outcomes, jaccard_statistic, winogavil_metrics
 from clipcache.tasks.suites import load_suite

@@ -1,6 +1,6 @@
 {#- DataComp's group metrics (var `group_definitions`: one row per dataset and metric, with its statistic and
     the metadata field it groups by) and the FairFace / UTKFace head metrics (var `face_definitions`), as
-    relations. `clipcache report` writes both from tasks/datasets/group_layouts.json (tasks/suites/groups.py
+    relations. `clipcache report` writes both from tasks/datasets/datacomp/group_layouts.json (tasks/suites/groups.py
     dbt_vars); the same rows as the warehouse's `group_definitions` / `face_definitions` tables. -#}
 {% macro _sql_number(value) -%}
 {{ "null" if value is none else value }}

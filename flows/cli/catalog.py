@@ -55,7 +55,7 @@ def catalog_rows(cache_dir: str, hub: str) -> list[dict]:
     does not read), with what is downloaded of the hosted ones."""
     from clipcache.flows.cli.cache import human_bytes
     from clipcache.storage.embedding_store import folder_bytes
-    from clipcache.tasks.datasets.download import HubDataset
+    from clipcache.tasks.datasets.clip_benchmark.download import HubDataset
 
     rows = []
     for record in listed_records():

@@ -238,7 +238,7 @@ class EvaluateParams(BaseModel):
         if any(not name.strip() for name in value):
             raise ValueError("dataset names must not be empty")
         check_printable(value, "dataset name")
-        from clipcache.tasks.datasets.collections import expand_datasets
+        from clipcache.tasks.datasets.clip_benchmark.collections import expand_datasets
 
         try:  # clip_benchmark's collections (vtab, vtab+, retrieval, ...) and files of names, as its --dataset
             return expand_datasets(value)
@@ -253,7 +253,7 @@ class EvaluateParams(BaseModel):
 
         if self.task == "text_retrieval":
             return self
-        from clipcache.tasks.datasets.layouts import languages_of
+        from clipcache.tasks.datasets.clip_benchmark.layouts import languages_of
 
         for i, name in enumerate(self.datasets):
             try:
@@ -292,7 +292,7 @@ class EvaluateParams(BaseModel):
         silently ignore it."""
         if self.annotation_file is None:
             return self
-        from clipcache.tasks.datasets.layouts import annotation_datasets
+        from clipcache.tasks.datasets.clip_benchmark.layouts import annotation_datasets
 
         takers = annotation_datasets()
         for name in self.datasets:

@@ -8,15 +8,16 @@ Every place data can come from is a dataset source (tasks/datasets/source.py) in
   any-to-any retrieval read it themselves; ``open_dataset`` opens image datasets and passes them by).
 - ``registered``: the readers in ``DATASETS``: ``shapes`` / ``shapes_retrieval`` (bundled), ``custom`` (evalscope's
   ``image_queries.jsonl``), ``imagefolder`` / ``image_labels``, ``sugar_crepe/<task>`` / ``winoground``,
-  ``aro/<set>`` / ``valse/<piece>`` / ``mmvp_vlm`` (tasks/datasets/compositionality.py), ``cola/multi_objects`` /
-  ``crepe/<set>`` / ``vl_checklist/<type>`` (tasks/datasets/compositionality_more.py), ``svo_probes``
-  (tasks/datasets/svo_probes.py), and readers other
-  packages add with an entry point in the group ``clipcache.datasets`` (tasks/datasets/reader.py).
+  ``aro/<set>`` / ``valse/<piece>`` / ``mmvp_vlm`` (tasks/datasets/compositionality/compositionality.py),
+  ``cola/multi_objects`` / ``crepe/<set>`` / ``vl_checklist/<type>`` (compositionality/compositionality_more.py),
+  ``svo_probes`` (compositionality/svo_probes.py), and readers other packages add with an entry point in the group
+  ``clipcache.datasets`` (tasks/datasets/reader.py).
 - ``group_layouts``: DataComp's WILDS and fairness sets with per-sample metadata (``wilds/iwildcam``,
-  ``fairness/geode``, ...; tasks/datasets/group_layouts.py): its webdataset copies or WILDS' folders.
+  ``fairness/geode``, ...; tasks/datasets/datacomp/group_layouts.py): its webdataset copies or WILDS' folders.
 - ``original``: every name of clip_benchmark's builder that reads original files (cifar10, food101, imagenet1k,
-  mscoco_captions, xtd10, ...), as the table ``layouts.json`` says (tasks/datasets/layouts.py). A name that is also
-  hosted (imagenet1k, flickr30k, ...) reads its original layout when the root holds it, else webdataset shards.
+  mscoco_captions, xtd10, ...), as the table ``layouts.json`` says (tasks/datasets/clip_benchmark/layouts.py). A
+  name that is also hosted (imagenet1k, flickr30k, ...) reads its original layout when the root holds it, else
+  webdataset shards.
 - ``webdataset``: ``wds/<name>`` or a ``catalog.csv`` name with ``--dataset_root`` (a directory or a template with
   ``{dataset}`` / ``{dataset_cleaned}``, as in clip_benchmark): the hosted webdataset layout there.
 - ``hosted``: a ``catalog.csv`` name (the 43 CLIP-benchmark datasets) without a root: downloaded, then read.
@@ -45,6 +46,7 @@ __all__ = ["DATASETS", "SOURCES", "WDS_PREFIX", "DatasetRecord", "DatasetRef", "
            "check_name", "dataset_catalog", "default_task", "format_root", "get_reader", "get_source", "known_names", "open_dataset", "original_names",
            "registered_task", "sources_by_priority"]
 
+HERE = Path(__file__).parent
 DATASETS: Registry[Loader] = Registry("dataset", DatasetError, entry_point_group="clipcache.datasets")
 DATASETS.register("shapes", "clipcache.tasks.datasets.loaders:ShapesClassification")
 DATASETS.register("shapes_retrieval", "clipcache.tasks.datasets.loaders:ShapesRetrieval")
@@ -56,48 +58,49 @@ SUGAR_CREPE = tuple(f"sugar_crepe/{task}" for task in ("add_att", "add_obj", "re
                                                          "replace_rel", "swap_att", "swap_obj"))
 for _name in SUGAR_CREPE:
     DATASETS.register(_name, "clipcache.tasks.datasets.loaders:SugarCrepe")
-# ARO and VALSE (tasks/datasets/compositionality.py); VALSE's pieces are listed in compositionality.json
+# ARO and VALSE (compositionality/compositionality.py); VALSE's pieces are listed in compositionality.json
 for _name in ("aro/vg_relation", "aro/vg_attribution"):
     DATASETS.register(_name, "clipcache.tasks.datasets.loaders:AroVisualGenome")
 for _name in ("aro/coco_order", "aro/flickr30k_order"):
     DATASETS.register(_name, "clipcache.tasks.datasets.loaders:AroOrder")
-VALSE = tuple(f"valse/{piece}" for piece in json.loads(Path(__file__).with_name("compositionality.json")
+VALSE = tuple(f"valse/{piece}" for piece in json.loads((HERE / "compositionality" / "compositionality.json")
                                                         .read_text(encoding="utf-8"))["valse_pieces"])
 for _name in VALSE:
     DATASETS.register(_name, "clipcache.tasks.datasets.loaders:Valse")
 DATASETS.register("mmvp_vlm", "clipcache.tasks.datasets.loaders:MmvpVlm")
-# COLA, CREPE and VL-CheckList (tasks/datasets/compositionality_more.py; CREPE's sets and VL-CheckList's types are
+# COLA, CREPE and VL-CheckList (compositionality/compositionality_more.py; CREPE's sets and VL-CheckList's types are
 # listed in compositionality_more.json)
-_MORE = json.loads(Path(__file__).with_name("compositionality_more.json").read_text(encoding="utf-8"))
-DATASETS.register("cola/multi_objects", "clipcache.tasks.datasets.compositionality_more:Cola")
+_MORE = json.loads((HERE / "compositionality" / "compositionality_more.json").read_text(encoding="utf-8"))
+_COMPOSITIONALITY = "clipcache.tasks.datasets.compositionality"
+DATASETS.register("cola/multi_objects", f"{_COMPOSITIONALITY}.compositionality_more:Cola")
 for _name in (*(f"crepe/productivity/{t}" for t in _MORE["crepe_productivity_types"]),
               *(f"crepe/systematicity/{t}/{d}" for t in _MORE["crepe_systematicity_types"]
                 for d in _MORE["crepe_train_datasets"])):
-    DATASETS.register(_name, "clipcache.tasks.datasets.compositionality_more:Crepe")
+    DATASETS.register(_name, f"{_COMPOSITIONALITY}.compositionality_more:Crepe")
 for _name in _MORE["vl_checklist_types"]:
-    DATASETS.register(f"vl_checklist/{_name}", "clipcache.tasks.datasets.compositionality_more:VlChecklist")
-DATASETS.register("svo_probes", "clipcache.tasks.datasets.svo_probes:SvoProbes")  # tasks/datasets/svo_probes.py
+    DATASETS.register(f"vl_checklist/{_name}", f"{_COMPOSITIONALITY}.compositionality_more:VlChecklist")
+DATASETS.register("svo_probes", f"{_COMPOSITIONALITY}.svo_probes:SvoProbes")
 
 SOURCES: Registry[DatasetSource] = Registry("dataset source", DatasetError)
 SOURCES.register("beir", "clipcache.tasks.datasets.sources:BeirFolders")
 SOURCES.register("any2any", "clipcache.tasks.datasets.sources:Any2AnyFolders")
 SOURCES.register("registered", "clipcache.tasks.datasets.sources:RegisteredReaders")
-SOURCES.register("group_layouts", "clipcache.tasks.datasets.group_layouts:GroupLayouts")
+SOURCES.register("group_layouts", "clipcache.tasks.datasets.datacomp.group_layouts:GroupLayouts")
 SOURCES.register("original", "clipcache.tasks.datasets.sources:OriginalLayouts")
 SOURCES.register("webdataset", "clipcache.tasks.datasets.sources:WebdatasetFolders")
 SOURCES.register("hosted", "clipcache.tasks.datasets.sources:HostedCatalog")
-SOURCES.register("visual_sts", "clipcache.tasks.datasets.mieb_layouts:VisualStsFolders")
-SOURCES.register("multiple_choice", "clipcache.tasks.datasets.mieb_layouts:MultipleChoiceFolders")
-SOURCES.register("mieb", "clipcache.tasks.datasets.mieb_tasks:MiebSource")
-SOURCES.register("composed_retrieval", "clipcache.tasks.datasets.composed_layouts:ComposedFolders")
-SOURCES.register("multilabel", "clipcache.tasks.datasets.multilabel_layouts:MultilabelFolders")
-SOURCES.register("vidore", "clipcache.tasks.datasets.vidore:VidoreFolders")
-SOURCES.register("winogavil", "clipcache.tasks.datasets.winogavil:WinogavilSource")  # misc/winogavil
+SOURCES.register("visual_sts", "clipcache.tasks.datasets.mieb.mieb_layouts:VisualStsFolders")
+SOURCES.register("multiple_choice", "clipcache.tasks.datasets.mieb.mieb_layouts:MultipleChoiceFolders")
+SOURCES.register("mieb", "clipcache.tasks.datasets.mieb.mieb_tasks:MiebSource")
+SOURCES.register("composed_retrieval", "clipcache.tasks.datasets.mieb.composed_layouts:ComposedFolders")
+SOURCES.register("multilabel", "clipcache.tasks.datasets.mieb.multilabel_layouts:MultilabelFolders")
+SOURCES.register("vidore", "clipcache.tasks.datasets.mieb.vidore:VidoreFolders")
+SOURCES.register("winogavil", "clipcache.tasks.datasets.datacomp.winogavil:WinogavilSource")  # misc/winogavil
 
 
 @cache
 def catalog() -> dict[str, dict[str, str]]:
-    with open(Path(__file__).with_name("catalog.csv"), encoding="utf-8") as f:
+    with open(HERE / "clip_benchmark" / "catalog.csv", encoding="utf-8") as f:
         return {row["name"]: row for row in csv.DictReader(f)}
 
 
@@ -119,7 +122,7 @@ def registered_task(name: str) -> str:
 
 def original_names() -> list[str]:
     """Names read only from their original layout (not hosted): cifar10, food101, caltech101, xtd10, ..."""
-    from clipcache.tasks.datasets.layouts import layouts
+    from clipcache.tasks.datasets.clip_benchmark.layouts import layouts
 
     return sorted(n for n in layouts() if n not in catalog())
 

@@ -98,7 +98,7 @@ class AroVisualGenome(DatasetReader):
     description = "ARO's VG-Relation / VG-Attribution: images/ + visual_genome_<relation|attribution>.json"
 
     def read(self, name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-        from clipcache.tasks.datasets.compositionality import load_aro_vg
+        from clipcache.tasks.datasets.compositionality.compositionality import load_aro_vg
 
         return load_aro_vg(name, _root(name, root), split, limit)
 
@@ -108,7 +108,7 @@ class AroOrder(DatasetReader):
     description = "ARO's COCO-Order / Flickr30k-Order: its test cases (<set>_<split>.json) + the images"
 
     def read(self, name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-        from clipcache.tasks.datasets.compositionality import load_aro_order
+        from clipcache.tasks.datasets.compositionality.compositionality import load_aro_order
 
         return load_aro_order(name, _root(name, root), split, limit)
 
@@ -118,7 +118,7 @@ class Valse(DatasetReader):
     description = "a VALSE piece: <piece>.json + images/ (valid items, caption vs foil)"
 
     def read(self, name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-        from clipcache.tasks.datasets.compositionality import load_valse
+        from clipcache.tasks.datasets.compositionality.compositionality import load_valse
 
         return load_valse(name, _root(name, root), split, limit)
 
@@ -128,6 +128,6 @@ class MmvpVlm(DatasetReader):
     description = "MMVP-VLM: Questions.csv + MLLM_VLM Images/ (pair accuracy in image_acc)"
 
     def read(self, name: str, root: Path | None, split: str, limit: int | None) -> EvalDataset:
-        from clipcache.tasks.datasets.compositionality import load_mmvp_vlm
+        from clipcache.tasks.datasets.compositionality.compositionality import load_mmvp_vlm
 
         return load_mmvp_vlm(name, _root(name, root), split, limit)

@@ -1,12 +1,12 @@
 """The built-in dataset sources (the contract is tasks/datasets/source.py), in the order the lookups ask them:
 
 ====  ===========  ==================================================================================================
-  1   mieb         mieb:<mteb task name>: mteb's own task and loader (tasks/datasets/mieb_tasks.py)
+  1   mieb         mieb:<mteb task name>: mteb's own task and loader (tasks/datasets/mieb/mieb_tasks.py)
  10   beir         --dataset_root is a BEIR folder (corpus.jsonl + queries.jsonl), any name: text_retrieval
  15   any2any      the same folder read by --task any2any_retrieval (under auto, beir comes first)
  20   registered   a reader in DATASETS: the built-in ones (shapes, custom, imagefolder, winoground, ...) and plugins'
- 22   winogavil    misc/winogavil from DataComp's Hugging Face cache of nlphuji/winogavil (tasks/datasets/winogavil.py)
- 25   group_layouts  DataComp's WILDS and fairness sets with per-sample metadata (tasks/datasets/group_layouts.py)
+ 22   winogavil    misc/winogavil from DataComp's Hugging Face cache of nlphuji/winogavil (datacomp/winogavil.py)
+ 25   group_layouts  DataComp's WILDS and fairness sets with per-sample metadata (datacomp/group_layouts.py)
  30   original     clip_benchmark's original layouts (layouts.json); a hosted name only with --dataset_root
  40   webdataset   wds/<name>, or a hosted name, with --dataset_root: clip_benchmark's webdataset folder
  50   hosted       a catalog.csv name (or wds/<name>) without --dataset_root: downloaded, then read as webdataset
@@ -114,17 +114,17 @@ class OriginalLayouts(DatasetSource):
     def claims(self, ref: DatasetRef) -> bool:
         """A name only clip_benchmark's builder reads (cifar10, food101, ...) always; a hosted one (imagenet1k,
         flickr30k, ...) with --dataset_root, where its original layout or webdataset shards may be."""
-        from clipcache.tasks.datasets.layouts import layouts
+        from clipcache.tasks.datasets.clip_benchmark.layouts import layouts
 
         return ref.name in layouts() and (ref.name not in catalog() or ref.dataset_root is not None)
 
     def task(self, ref: DatasetRef) -> str:
-        from clipcache.tasks.datasets.layouts import task_of
+        from clipcache.tasks.datasets.clip_benchmark.layouts import task_of
 
         return task_of(ref.name) if ref.name not in catalog() else webdataset_task(ref.root, ref.name)
 
     def open(self, ref: DatasetRef, split: str, limit: int | None, options: OpenOptions) -> EvalDataset:
-        from clipcache.tasks.datasets.layouts import layouts, open_original, present
+        from clipcache.tasks.datasets.clip_benchmark.layouts import layouts, open_original, present
 
         name, entry, hosted = ref.name, layouts()[ref.name], ref.name in catalog()
         root = ref.folder(f"{entry['folder']} (files: {entry['source']})")
@@ -135,7 +135,7 @@ class OriginalLayouts(DatasetSource):
             raise DatasetError(f"dataset {name!r}: --annotation_file replaces the caption file of clip_benchmark's "
                                f"original layout, which is not under {root} ({entry['folder']}); a webdataset copy "
                                f"has its captions inside")
-        from clipcache.tasks.datasets.wds import load_webdataset
+        from clipcache.tasks.datasets.clip_benchmark.wds import load_webdataset
 
         try:
             return load_webdataset(name, root, split, limit)
@@ -149,7 +149,7 @@ class OriginalLayouts(DatasetSource):
     def records(self) -> list[DatasetRecord]:
         """Every name of clip_benchmark's builder: those read from their original files (layouts.json), and those
         clipcache does not read, with why (no source)."""
-        from clipcache.tasks.datasets.layouts import describe, languages_of, layouts, not_read
+        from clipcache.tasks.datasets.clip_benchmark.layouts import describe, languages_of, layouts, not_read
 
         read = [DatasetRecord(name, self.task(DatasetRef(name)), (self.name,), (describe(name),),
                               languages=tuple(languages_of(name) or ()),
@@ -170,7 +170,7 @@ class WebdatasetFolders(DatasetSource):
         return webdataset_task(ref.root, ref.bare)
 
     def open(self, ref: DatasetRef, split: str, limit: int | None, options: OpenOptions) -> EvalDataset:
-        from clipcache.tasks.datasets.wds import load_webdataset
+        from clipcache.tasks.datasets.clip_benchmark.wds import load_webdataset
 
         return load_webdataset(ref.name, ref.folder("a webdataset split folder (<split>/nshards.txt)"), split, limit)
 
@@ -195,8 +195,8 @@ class HostedCatalog(DatasetSource):
         return webdataset_task(None, ref.bare)
 
     def open(self, ref: DatasetRef, split: str, limit: int | None, options: OpenOptions) -> EvalDataset:
-        from clipcache.tasks.datasets.download import fetch_dataset
-        from clipcache.tasks.datasets.wds import load_webdataset
+        from clipcache.tasks.datasets.clip_benchmark.download import fetch_dataset
+        from clipcache.tasks.datasets.clip_benchmark.wds import load_webdataset
 
         if options.cache_dir is None:
             raise DatasetError(f"dataset {ref.name!r} needs --dataset_root (a local folder in the clip_benchmark "
@@ -209,7 +209,7 @@ class HostedCatalog(DatasetSource):
         return sorted(catalog())
 
     def records(self) -> list[DatasetRecord]:
-        from clipcache.tasks.datasets.download import repo_name
+        from clipcache.tasks.datasets.clip_benchmark.download import repo_name
 
         wds = DatasetRecord(f"{WDS_PREFIX}<name>", "", (self.name,), hosted=f"clip-benchmark/{repo_name('<name>')}")
         return [wds, *(DatasetRecord(name, row["task"], (self.name,), hosted=f"clip-benchmark/{repo_name(name)}",

@@ -84,7 +84,7 @@ def check_language(dataset: EvalDataset, language: str) -> None:
 def class_prompts(dataset: EvalDataset, settings: PromptSettings) -> tuple[ClassPrompts, bool]:
     """The dataset's class names and templates in ``settings.language``, with the overriding files applied; and
     whether the result is still the dataset's own (a what-if otherwise)."""
-    from clipcache.tasks.datasets.languages import localize
+    from clipcache.tasks.datasets.clip_benchmark.languages import localize
 
     if dataset.prompts is None:
         raise DatasetError(f"dataset {dataset.name!r} has no class names and templates to classify with")

@@ -1,7 +1,7 @@
 """Composed image retrieval (CIRR, FashionIQ style; MIEB's CIRRIT2IRetrieval and FashionIQIT2IRetrieval): each query
 is a reference image plus a modifying text, fused as mteb's CLIP-style wrappers fuse them, retrieving the split's
 images; recall@k (and MIEB's main score, nDCG@10). The rule is in tasks/score/composed_retrieval.py; the layouts
-(CIRR's, FashionIQ's and MIEB's own files) in tasks/datasets/composed_layouts.py.
+(CIRR's, FashionIQ's and MIEB's own files) in tasks/datasets/mieb/composed_layouts.py.
 
 Two cache entries: every distinct image, gallery and references together (``composed_image``: CIRR's and FashionIQ's
 references are gallery images, encoded once), and every distinct modifying text (``modifier_text``, keyed by the
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from clipcache.storage.cache_entry import EmbeddingEntry
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
-    from clipcache.tasks.datasets.composed_layouts import ComposedData
+    from clipcache.tasks.datasets.mieb.composed_layouts import ComposedData
     from clipcache.tasks.progress import StageProgress
     from clipcache.tasks.score.composed_retrieval import Subsets
     from clipcache.tasks.score.evidence import Evidence
@@ -91,7 +91,7 @@ class ComposedRetrieval(EvalTask["ComposedData"]):
         return role in self.needs  # no other task writes these roles
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[ComposedData]:
-        from clipcache.tasks.datasets.composed_layouts import open_composed
+        from clipcache.tasks.datasets.mieb.composed_layouts import open_composed
         from clipcache.tasks.evaluation.common import dataset_root
 
         root = dataset_root(source, self.name, "a folder with CIRR's, FashionIQ's or "

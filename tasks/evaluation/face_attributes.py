@@ -27,12 +27,12 @@ if TYPE_CHECKING:
     from clipcache.storage.hashing import FileHashMemo
     from clipcache.storage.sample_metadata import SampleMetadata
     from clipcache.tasks.datasets.base import EvalDataset
-    from clipcache.tasks.datasets.face_attributes import FaceAttributesDataset
+    from clipcache.tasks.datasets.datacomp.face_attributes import FaceAttributesDataset
     from clipcache.tasks.progress import StageProgress
 
     class FaceData(EvalDataset, FaceAttributesDataset):
         """What this task's prepare opens: an evaluation dataset that is also a FaceAttributesDataset, with each
-        face's metadata (both layouts are; tasks/datasets/group_layouts.py). A name for the type checker only."""
+        face's metadata (both layouts are; tasks/datasets/datacomp/group_layouts.py). A name for the type checker only."""
 
         def sample_metadata(self) -> SampleMetadata: ...
 
@@ -48,7 +48,7 @@ class FaceAttributes(EvalTask["FaceData"]):
     uses_prompts = True
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[FaceData]:
-        from clipcache.tasks.datasets.face_attributes import FaceAttributesDataset
+        from clipcache.tasks.datasets.datacomp.face_attributes import FaceAttributesDataset
 
         # an evaluation dataset that is also a FaceAttributesDataset (both layouts are)
         dataset: EvalDataset = source.open(progress)

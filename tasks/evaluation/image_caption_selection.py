@@ -1,6 +1,7 @@
 """Image-caption selection (clip_benchmark's ``image_caption_selection``): for each item of SugarCrepe, Winoground,
-ARO or VALSE (tasks/datasets/compositionality.py), does each image pick its own caption and each caption its own
-image? Metrics and their definition in tasks/score/selection.py; ``macro_acc`` for datasets with item groups.
+ARO or VALSE (tasks/datasets/compositionality/compositionality.py), does each image pick its own caption and each
+caption its own image? Metrics and their definition in tasks/score/selection.py; ``macro_acc`` for datasets with item
+groups.
 
 The images entry holds each distinct image once (SugarCrepe items share COCO images) and the caption entry each
 distinct caption once (a caption repeated across items is encoded once); the item structure is the dataset's

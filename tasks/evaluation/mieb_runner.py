@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from clipcache.storage.errors import ConfigError
-from clipcache.tasks.datasets.mieb_tasks import NAME, MiebData, load_mieb, task_name
+from clipcache.tasks.datasets.mieb.mieb_tasks import NAME, MiebData, load_mieb, task_name
 from clipcache.tasks.datasets.source import format_root
 from clipcache.tasks.evaluation.base import (
     DataSource,
@@ -44,7 +44,7 @@ from clipcache.tasks.evaluation.base import (
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
-    from clipcache.tasks.datasets.mieb_tasks import MiebData
+    from clipcache.tasks.datasets.mieb.mieb_tasks import MiebData
     from clipcache.tasks.progress import StageProgress
 
 METRIC_PREFIX = "mteb_"

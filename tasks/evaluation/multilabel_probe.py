@@ -1,7 +1,7 @@
 """MIEB's multilabel image classification (mteb 2.x's VOC2007 protocol: a k-nearest-neighbour classifier per class
 on few-shot train features, 5 experiments, label-ranking average precision) over cached image features; the
 protocol in tasks/score/multilabel_probe.py, the layouts (VOC 2007 as distributed, or users' label lists) in
-tasks/datasets/multilabel_layouts.py.
+tasks/datasets/mieb/multilabel_layouts.py.
 
 It reads the image entries of the test split (role ``image``) and of ``train_split`` (role ``train``), the entries
 every task reading that folder's splits shares. ``probe_features: raw`` (the default) fits on normalised row x
@@ -45,7 +45,7 @@ def open_multilabel_split(task: str, source: DataSource, progress: StageProgress
     one, else whatever dataset the name opens (a webdataset with ``dataset_type.txt`` multilabel), which must be
     multilabel."""
     from clipcache.tasks.datasets import format_root
-    from clipcache.tasks.datasets.multilabel_layouts import multilabel_root, open_multilabel
+    from clipcache.tasks.datasets.mieb.multilabel_layouts import multilabel_root, open_multilabel
 
     root = format_root(source.root, source.name) if source.root else None
     if root is not None and multilabel_root(root) is not None:

@@ -1,7 +1,7 @@
 """Multiple choice (MIEB's Any2AnyMultipleChoice / vision-centric QA, e.g. CV-Bench): each question is an image and
 a text, its choices are texts, and the choice most similar to the fused image+question query is the answer given.
 The rule, mteb's exactly (fusion, cosine, pytrec_eval's tie order), is in tasks/score/multiple_choice.py; the layout
-(``questions.jsonl``) in tasks/datasets/mieb_layouts.py.
+(``questions.jsonl``) in tasks/datasets/mieb/mieb_layouts.py.
 
 Three cache entries, each holding what it encodes once: the distinct question images (``question_image``), the
 distinct question texts (``question_text``) and the distinct choice texts (``choice_text``); a rescore reads the
@@ -35,7 +35,7 @@ from clipcache.tasks.evaluation.base import (
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
-    from clipcache.tasks.datasets.mieb_layouts import MultipleChoiceData
+    from clipcache.tasks.datasets.mieb.mieb_layouts import MultipleChoiceData
     from clipcache.tasks.progress import StageProgress
 
 IMAGE, QUESTION, CHOICE = "question_image", "question_text", "choice_text"
@@ -53,7 +53,7 @@ class MultipleChoice(EvalTask["MultipleChoiceData"]):
 
     def prepare(self, source: DataSource, prompts: PromptSettings,
                 progress: StageProgress) -> Prepared[MultipleChoiceData]:
-        from clipcache.tasks.datasets.mieb_layouts import open_multiple_choice
+        from clipcache.tasks.datasets.mieb.mieb_layouts import open_multiple_choice
         from clipcache.tasks.evaluation.common import dataset_root
 
         root = dataset_root(source, self.name, "a folder with questions.jsonl (image, "

@@ -2,7 +2,7 @@
 the main score, with MAP, recall, precision and MRR at mteb's k values (1, 3, 5, 10, 20, 100, 1000) beside it.
 
 The layouts (ViDoRe v1's question-answering rows, or the BEIR-style corpus / queries / qrels Parquet files of
-ViDoRe v2 and of MIEB's copies) are read by tasks/datasets/vidore.py into the any-to-any retrieval data, so this is
+ViDoRe v2 and of MIEB's copies) are read by tasks/datasets/mieb/vidore.py into the any-to-any retrieval data, so this is
 the any-to-any task (tasks/evaluation/any2any_retrieval.py) with its cache entries and scoring: the distinct page
 images are one entry (role ``corpus_image``) and the distinct query texts another (``query_text``). A page goes
 through the model's own preprocessing (its resize and crop) from the decoded page, as mteb hands the page to the
@@ -25,7 +25,7 @@ from clipcache.tasks.evaluation.base import DataSource, Encoded, Prepared, Promp
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.tasks.datasets.any2any import Any2AnyData
-    from clipcache.tasks.datasets.vidore import VidoreData
+    from clipcache.tasks.datasets.mieb.vidore import VidoreData
     from clipcache.tasks.progress import StageProgress
 
 K_VALUES = (1, 3, 5, 10, 20, 100, 1000)  # mteb's AbsTaskRetrieval.k_values
@@ -41,7 +41,7 @@ class VisualDocumentRetrieval(Any2AnyRetrieval):
     main_metrics = (("ndcg", 5, "ndcg@5", 1),)
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[Any2AnyData]:
-        from clipcache.tasks.datasets.vidore import open_vidore
+        from clipcache.tasks.datasets.mieb.vidore import open_vidore
         from clipcache.tasks.evaluation.common import dataset_root
 
         root = dataset_root(source, self.name, "a snapshot of a ViDoRe dataset "

@@ -1,6 +1,6 @@
 """Visual STS (MIEB's VisualSTS family: STS12-17 and STS-B rendered as images): how well the cosine similarity of
 two images' embeddings ranks pairs as people scored their similarity. Metrics and their definitions, mteb's exactly,
-in tasks/score/sts.py; the layouts (``pairs.jsonl``, or MIEB's Parquet files) in tasks/datasets/mieb_layouts.py.
+in tasks/score/sts.py; the layouts (``pairs.jsonl``, or MIEB's Parquet files) in tasks/datasets/mieb/mieb_layouts.py.
 
 The images of both sides are one cache entry (role ``pair_image``; a file, or Parquet cells with the same bytes, used by
 several pairs is encoded once),
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from clipcache.storage.embedding_store import EmbeddingEntry, EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
-    from clipcache.tasks.datasets.mieb_layouts import VisualStsData
+    from clipcache.tasks.datasets.mieb.mieb_layouts import VisualStsData
     from clipcache.tasks.progress import StageProgress
 
 ROLE = "pair_image"
@@ -53,7 +53,7 @@ class VisualSts(EvalTask["VisualStsData"]):
         return role == ROLE  # no other task writes this role
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[VisualStsData]:
-        from clipcache.tasks.datasets.mieb_layouts import open_visual_sts
+        from clipcache.tasks.datasets.mieb.mieb_layouts import open_visual_sts
         from clipcache.tasks.evaluation.common import dataset_root
 
         root = dataset_root(source, self.name, "a folder with pairs.jsonl (image1, image2, score) "

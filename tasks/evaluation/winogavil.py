@@ -1,7 +1,7 @@
 """WinoGAViL (``misc/winogavil``, DataComp's one task outside webdataset and retrieval): for each game, the
 candidates closest to the cue are chosen, as many as it has associations, and the game scores the Jaccard index of
 the chosen and true sets. The rule, DataComp's exactly, is in tasks/score/winogavil.py; the layout (DataComp's
-Hugging Face cache) in tasks/datasets/winogavil.py.
+Hugging Face cache) in tasks/datasets/datacomp/winogavil.py.
 
 Two cache entries, each holding what it encodes once: the distinct candidate images (``candidate_image``) and the
 distinct cue prompts (``cue_text``, DataComp's "A <cue>" / "An <cue>"); a rescore reads the games and the cache only.
@@ -30,7 +30,7 @@ from clipcache.tasks.evaluation.base import (
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
-    from clipcache.tasks.datasets.winogavil import WinogavilData
+    from clipcache.tasks.datasets.datacomp.winogavil import WinogavilData
     from clipcache.tasks.progress import StageProgress
 
 IMAGE, CUE = "candidate_image", "cue_text"
@@ -48,7 +48,7 @@ class Winogavil(EvalTask["WinogavilData"]):
         return role in self.needs  # no other task writes these roles
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[WinogavilData]:
-        from clipcache.tasks.datasets.winogavil import open_winogavil
+        from clipcache.tasks.datasets.datacomp.winogavil import open_winogavil
         from clipcache.tasks.evaluation.common import dataset_root
 
         root = dataset_root(source, self.name, "DataComp's data root (its hf_cache folder holds "

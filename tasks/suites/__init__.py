@@ -11,8 +11,9 @@ A suite is a YAML file (the shipped ones sit next to this module; a user's own i
         tags: [vtab_natural]
 
 clip_benchmark's dataset collections (``vtab``, ``vtab+``, ``retrieval``, ``imagenet_robustness``, ``sugar_crepe``)
-are suites too, made from tasks/datasets/collections.json with each task's usual main metric. The score of a suite
-(tasks/suites/scoring.py) is the mean of the main metrics over all of its datasets, or a partial score labelled so.
+are suites too, made from tasks/datasets/clip_benchmark/collections.json with each task's usual main metric. The
+score of a suite (tasks/suites/scoring.py) is the mean of the main metrics over all of its datasets, or a partial
+score labelled so.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def metric_parts(main_metric: str) -> list[tuple[str, int | None]]:
 
 def shipped() -> dict[str, Path | None]:
     """Suite name -> its file (None: made from a clip_benchmark collection)."""
-    from clipcache.tasks.datasets.collections import dataset_collections
+    from clipcache.tasks.datasets.clip_benchmark.collections import dataset_collections
 
     files: dict[str, Path | None] = {p.stem: p for p in sorted(HERE.glob("*.yaml"))}
     return {**files, **{name: None for name in dataset_collections() if name not in files}}
@@ -135,7 +136,7 @@ def parse_suite(data: Any, origin: str) -> Suite:
 
 def _collection_suite(name: str) -> Suite:
     from clipcache.tasks.datasets import default_task
-    from clipcache.tasks.datasets.collections import canonical, dataset_collections
+    from clipcache.tasks.datasets.clip_benchmark.collections import canonical, dataset_collections
 
     chances = _known_chances()
     entries = []
@@ -146,7 +147,7 @@ def _collection_suite(name: str) -> Suite:
                                   chance=chances.get(dataset) if task == "zeroshot_classification" else None,
                                   source_key=member))
     return Suite(name=name, description=f"clip_benchmark's {name} collection",
-                 source="LAION clip_benchmark (tasks/datasets/collections.json)", datasets=entries)
+                 source="LAION clip_benchmark (tasks/datasets/clip_benchmark/collections.json)", datasets=entries)
 
 
 @cache

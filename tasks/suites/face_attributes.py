@@ -42,14 +42,14 @@ UNIT_PREFIX = "face_"  # a sample row of unit face_<objective>: that head's pred
 
 
 def head_metrics(dataset: str) -> list[dict[str, Any]]:
-    from clipcache.tasks.datasets.group_layouts import group_layouts
+    from clipcache.tasks.datasets.datacomp.group_layouts import group_layouts
 
     return list(group_layouts()[dataset].get("head_metrics", []))
 
 
 def definitions() -> list[tuple[Any, ...]]:
     """(dataset, metric, head, rule, class_code, low, high, truth, by1, by2) of every face-attribute metric."""
-    from clipcache.tasks.datasets.group_layouts import group_layouts
+    from clipcache.tasks.datasets.datacomp.group_layouts import group_layouts
 
     return [(name, m["metric"], m["head"], m["rule"], m.get("class"), m.get("low"), m.get("high"), m.get("truth"),
              m["by"][0], m["by"][1] if len(m["by"]) > 1 else None)

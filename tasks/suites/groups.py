@@ -3,7 +3,7 @@ SQL over the warehouse's sample rows joined with the ``sample_metadata`` table (
 new grouping is a query, not a re-run.
 
 DataComp's definitions (eval_utils/wilds_eval.py, fairness_eval.py over the ``wilds`` package's metrics), with its
-metric names; which field each dataset is grouped by is data (tasks/datasets/group_layouts.json, ``metrics``):
+metric names; which field each dataset is grouped by is data (tasks/datasets/datacomp/group_layouts.json, ``metrics``):
 
 - per-group accuracy: top-1 (top-5) accuracy of the group's samples; a group without samples has no row;
 - ``worst_acc1`` / ``worst_acc5`` (``acc_wg``, ``acc_worst_region``, ``acc_worst_year``, ``acc_top5_wg``): the
@@ -52,7 +52,7 @@ STATISTICS = ("worst_acc1", "worst_acc5", "macro_f1")
 
 def definitions() -> list[tuple[str, str, str, str | None]]:
     """(dataset, metric, statistic, field) of every DataComp group metric, from group_layouts.json."""
-    from clipcache.tasks.datasets.group_layouts import group_layouts
+    from clipcache.tasks.datasets.datacomp.group_layouts import group_layouts
 
     return [(name, m["metric"], m["statistic"], m.get("field"))
             for name, entry in sorted(group_layouts().items()) for m in entry["metrics"]]

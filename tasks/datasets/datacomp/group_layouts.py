@@ -1,7 +1,7 @@
 """DataComp's evaluation sets with per-sample metadata: WILDS iWildCam, Camelyon17 and FMoW, Dollar Street, GeoDE,
 FairFace and UTKFace (the table is group_layouts.json; FairFace and UTKFace, four zero-shot heads per face, are
-read by tasks/datasets/face_attributes.py). Each sample carries its metadata (WILDS locations, slides, regions, years;
-Dollar Street income groups; GeoDE regions), which the evaluation stores once per dataset identity
+read by face_attributes.py beside this module). Each sample carries its metadata (WILDS locations, slides, regions,
+years; Dollar Street income groups; GeoDE regions), which the evaluation stores once per dataset identity
 (storage/sample_metadata.py) and groups its sample rows by (tasks/suites/groups.py).
 
 Layouts read, under ``--dataset_root`` (a folder, or a template such as ``/data/wds_{dataset_cleaned}_test``):
@@ -17,7 +17,7 @@ Layouts read, under ``--dataset_root`` (a folder, or a template such as ``/data/
   from its copy) must sit in the root.
 - The original published layouts of FMoW (WILDS' ``fmow_v1.1/``), GeoDE (``index.csv``), Dollar Street (MLCommons'
   ``images_v2_imagenet_test.csv``), FairFace (``fairface_label_val.csv``) and UTKFace (``UTKFace/<age>_<gender>_
-  <race>_<time>.jpg``), read by tasks/datasets/group_originals.py under the rules of group_layouts.json's
+  <race>_<time>.jpg``), read by tasks/datasets/datacomp/group_originals.py under the rules of group_layouts.json's
   ``original`` entries, into the codes (and class indices) of DataComp's copy; prompts as for the WILDS folders.
 
 The first layout found under the root is read, in the order above (DataComp's copy, WILDS' CSV, the original).
@@ -40,12 +40,12 @@ import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.sample_metadata import SampleMetadata
-from clipcache.tasks.datasets.group_originals import original_folder, read_original
+from clipcache.tasks.datasets.clip_benchmark.wds import WebDataset, load_webdataset, read_npy, read_prompts, split_key
+from clipcache.tasks.datasets.datacomp.group_originals import original_folder, read_original
 from clipcache.tasks.datasets.labelled import LabelledImages
 from clipcache.tasks.datasets.record import DatasetRecord
 from clipcache.tasks.datasets.safe_pickle import DatasetUnpickler, RefusedGlobal
 from clipcache.tasks.datasets.source import DatasetRef, DatasetSource, OpenOptions
-from clipcache.tasks.datasets.wds import WebDataset, load_webdataset, read_npy, read_prompts, split_key
 
 if TYPE_CHECKING:
     from clipcache.tasks.datasets.base import EvalDataset
@@ -231,7 +231,7 @@ def load_original(name: str, root: Path, folder: Path, split: str, limit: int | 
                              "fields": fields, "layout": spec["layout"],
                              "codes": _check_codes(np.asarray(rows.codes, np.float64), fields, str(folder))}
     if "heads" in entry:  # FairFace, UTKFace: no class, four zero-shot heads
-        from clipcache.tasks.datasets.face_attributes import FaceAttributesImages
+        from clipcache.tasks.datasets.datacomp.face_attributes import FaceAttributesImages
 
         faces = FaceAttributesImages(**state, objectives=tuple(entry["heads"]))
         faces.heads()  # the prompts name every objective: checked before anything is encoded
@@ -273,7 +273,7 @@ class GroupLayouts(DatasetSource):
         root = ref.folder(_where(ref.name))
         if (root / split / "nshards.txt").is_file():
             if "heads" in group_layouts()[ref.name]:  # FairFace, UTKFace: four zero-shot heads per face
-                from clipcache.tasks.datasets.face_attributes import load_face_attributes
+                from clipcache.tasks.datasets.datacomp.face_attributes import load_face_attributes
 
                 return load_face_attributes(ref.name, root, split, limit)
             return load_grouped_webdataset(ref.name, root, split, limit)

@@ -9,7 +9,7 @@ and ``wds_fairness-utkface_test``): ``classnames.txt`` lines are ``objective:cla
 metadata is read as data: a non-object ``.npy`` only, an object array (a pickle) is refused in one line.
 
 Or from the original releases (FairFace's ``fairface_label_val.csv`` and images, UTKFace's ``[age]_[gender]_[race]_
-[date&time].jpg`` files), coded as DataComp's copy is by tasks/datasets/group_originals.py, with DataComp's
+[date&time].jpg`` files), coded as DataComp's copy is by tasks/datasets/datacomp/group_originals.py, with DataComp's
 ``objective:`` prompts in the root: :class:`FaceAttributesImages`. Both kinds are a :class:`FaceAttributesDataset`.
 """
 
@@ -22,8 +22,13 @@ import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets.base import ClassPrompts
-from clipcache.tasks.datasets.group_layouts import GroupedImages, GroupedWebDataset, _check_codes, group_layouts
-from clipcache.tasks.datasets.wds import WebDataset, index_shard, read_prompts
+from clipcache.tasks.datasets.clip_benchmark.wds import WebDataset, index_shard, read_prompts
+from clipcache.tasks.datasets.datacomp.group_layouts import (
+    GroupedImages,
+    GroupedWebDataset,
+    _check_codes,
+    group_layouts,
+)
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ class FaceAttributesWebDataset(FaceAttributesDataset, GroupedWebDataset):
 
 @dataclass
 class FaceAttributesImages(FaceAttributesDataset, GroupedImages):
-    """FairFace / UTKFace in their original layouts (image files; tasks/datasets/group_originals.py)."""
+    """FairFace / UTKFace in their original layouts (image files; tasks/datasets/datacomp/group_originals.py)."""
 
     objectives: tuple[str, ...] = field(default_factory=tuple)
 

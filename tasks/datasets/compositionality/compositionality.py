@@ -43,7 +43,7 @@ ARO_ORDER = {"aro/coco_order": "coco_order", "aro/flickr30k_order": "flickr30k_o
 
 @cache
 def facts() -> dict[str, Any]:
-    """The lists the reference code holds (tasks/datasets/compositionality.json, with its provenance)."""
+    """The lists the reference code holds (compositionality.json beside this module, with its provenance)."""
     data: dict[str, Any] = json.loads(Path(__file__).with_name("compositionality.json").read_text(encoding="utf-8"))
     return data
 

@@ -1,6 +1,6 @@
 """COLA, CREPE and VL-CheckList on image-caption selection, read from their original files, each scored with its own
-evaluation code's rule (``tasks/datasets/compositionality.py`` holds ARO, VALSE and MMVP-VLM; the lists the reference
-code holds are in ``compositionality_more.json``, with their provenance).
+evaluation code's rule (``compositionality.py`` beside this module holds ARO, VALSE and MMVP-VLM; the lists the
+reference code holds are in ``compositionality_more.json``, with their provenance).
 
 - ``cola/multi_objects`` (arijitray1993/COLA, ``data/COLA_multiobjects_matching_benchmark.json``): ``--dataset_root``
   holds that file (or ``data/`` with it) and the images its links name, at the links' last two path parts
@@ -50,7 +50,7 @@ import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets.base import EvalDataset
-from clipcache.tasks.datasets.compositionality import only_splits, read_json
+from clipcache.tasks.datasets.compositionality.compositionality import only_splits, read_json
 from clipcache.tasks.datasets.reader import DatasetReader
 from clipcache.tasks.datasets.selection import Crop, SelectionDataset
 from clipcache.tasks.datasets.text_cells import quoted_list

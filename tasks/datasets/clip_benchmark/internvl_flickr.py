@@ -19,8 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clipcache.storage.errors import DatasetError
-from clipcache.tasks.datasets.internvl_cn import SOURCE, fork_caption
-from clipcache.tasks.datasets.original_captions import FLICKR_FILES, CaptionedImages, read_flickr_captions
+from clipcache.tasks.datasets.clip_benchmark.internvl_cn import SOURCE, fork_caption
+from clipcache.tasks.datasets.clip_benchmark.original_captions import (
+    FLICKR_FILES,
+    CaptionedImages,
+    read_flickr_captions,
+)
 
 LAYOUT = "flickr-en-internvl"
 IMAGES = "Images"

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from clipcache.storage.errors import DatasetError
-from clipcache.tasks.datasets.mieb_images import check_mieb_images
+from clipcache.tasks.datasets.mieb.mieb_images import check_mieb_images
 from clipcache.tasks.datasets.record import DatasetRecord
 from clipcache.tasks.datasets.source import DatasetRef, DatasetSource, OpenOptions, format_root
 

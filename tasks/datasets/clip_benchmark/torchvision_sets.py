@@ -5,7 +5,7 @@ country211, pcam and renderedsst2 with ``torchvision.datasets.<Class>(root, spli
 the same class on the same folder with ``download=False``, so the samples, their order and their labels are
 torchvision's by construction. What clipcache adds: the labels are read without decoding an image, each image file
 is content-hashed for the cache key, a missing folder is named with where the files come from, and the class names
-are those clip_benchmark uses (tasks/datasets/layouts.json says which, per dataset).
+are those clip_benchmark uses (tasks/datasets/clip_benchmark/layouts.json says which, per dataset).
 """
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets.base import EvalDataset
-from clipcache.tasks.datasets.compositionality import only_splits
-from clipcache.tasks.datasets.compositionality_more import GroupedSelection, ItemCollector
+from clipcache.tasks.datasets.compositionality.compositionality import only_splits
+from clipcache.tasks.datasets.compositionality.compositionality_more import GroupedSelection, ItemCollector
 from clipcache.tasks.datasets.reader import DatasetReader
 from clipcache.tasks.datasets.selection import Crop
 

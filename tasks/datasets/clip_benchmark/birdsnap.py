@@ -23,7 +23,7 @@ import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets.base import ClassPrompts
-from clipcache.tasks.datasets.original import FolderImages
+from clipcache.tasks.datasets.clip_benchmark.original import FolderImages
 
 IMAGES_FILE = "test_images_valid.txt"
 SPECIES_FILE = "species.txt"

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from clipcache.storage.errors import DatasetError
-from clipcache.tasks.datasets.mieb_layouts import ImageList, _read_parquet
+from clipcache.tasks.datasets.mieb.mieb_layouts import ImageList, _read_parquet
 from clipcache.tasks.datasets.source import DatasetRef, DatasetSource, OpenOptions
 
 CATEGORIES = ("dress", "shirt", "toptee")  # FashionIQ's

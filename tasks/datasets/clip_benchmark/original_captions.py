@@ -20,7 +20,7 @@ from typing import Any
 
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
-from clipcache.tasks.datasets.original import FolderImages
+from clipcache.tasks.datasets.clip_benchmark.original import FolderImages
 
 # -- Flickr30k / Flickr8k: images + clip_benchmark's Karpathy-split caption files --------------------------------------
 FLICKR_ANNOTATIONS = "https://github.com/mehdidc/retrieval_annotations/releases/download/1.0.0/{file}"

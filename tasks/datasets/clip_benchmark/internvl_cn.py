@@ -20,7 +20,11 @@ import re
 from pathlib import Path
 
 from clipcache.storage.errors import DatasetError
-from clipcache.tasks.datasets.original_captions import CaptionedImages, read_coco_captions, read_flickr_captions
+from clipcache.tasks.datasets.clip_benchmark.original_captions import (
+    CaptionedImages,
+    read_coco_captions,
+    read_flickr_captions,
+)
 
 FLICKR_FILE = "flickr30k_cn_{split}.txt"
 COCO_FILE = "coco-cn_{split}.json"

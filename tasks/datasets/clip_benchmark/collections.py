@@ -1,5 +1,5 @@
 """``--dataset`` as in LAION clip_benchmark: each item is a file of names (one per line), a collection (``vtab``,
-``vtab+``, ``retrieval``, ``imagenet_robustness``, ``sugar_crepe``; tasks/datasets/collections.json) or a name.
+``vtab+``, ``retrieval``, ``imagenet_robustness``, ``sugar_crepe``; collections.json beside this module) or a name.
 clip_benchmark's ``vtab/<x>`` spelling is clipcache's catalog name ``vtab_<x>``."""
 
 from __future__ import annotations

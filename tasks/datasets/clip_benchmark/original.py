@@ -10,7 +10,7 @@ readers of cifar10/100, caltech101, class folders (fer2013), objectnet and voc20
   ``safe_pickle.py``, which runs no code from them, where torchvision calls ``pickle.load``): rows in file order,
   the train split the five batches in order. Class names are the files' own (``label_names`` / ``fine_label_names``),
   as clip_benchmark keeps torchvision's; templates are clip_benchmark's for the dataset in the chosen language
-  (tasks/datasets/prompts/clip_benchmark.json), falling back to its ImageNet templates as it does.
+  (tasks/datasets/clip_benchmark/prompts/clip_benchmark.json), falling back to its ImageNet templates as it does.
 
 Nothing is downloaded: a missing file is named, with where clip_benchmark (torchvision) gets it.
 """

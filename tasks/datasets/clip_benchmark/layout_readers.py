@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clipcache.tasks.datasets.layouts import dataset_facts, english_prompts
+from clipcache.tasks.datasets.clip_benchmark.layouts import dataset_facts, english_prompts
 
 if TYPE_CHECKING:
     from clipcache.tasks.datasets.base import EvalDataset
@@ -45,26 +45,26 @@ class LayoutReader:
 # -- how each kind is found under the root ---------------------------------------------------------------------------
 
 def _imagenet_present(name: str, entry: Entry, root: Path, split: str) -> bool:
-    from clipcache.tasks.datasets.imagenet_layouts import is_imagenet_folder
+    from clipcache.tasks.datasets.clip_benchmark.imagenet_layouts import is_imagenet_folder
 
     return is_imagenet_folder(root, split)
 
 
 def _wnid_present(name: str, entry: Entry, root: Path, split: str) -> bool:
-    from clipcache.tasks.datasets.imagenet_layouts import has_wnid_folders
+    from clipcache.tasks.datasets.clip_benchmark.imagenet_layouts import has_wnid_folders
 
     return has_wnid_folders(root)
 
 
 def _flickr_present(name: str, entry: Entry, root: Path, split: str) -> bool:
-    from clipcache.tasks.datasets.internvl_cn import is_cn_folder
-    from clipcache.tasks.datasets.original_captions import is_flickr_folder
+    from clipcache.tasks.datasets.clip_benchmark.internvl_cn import is_cn_folder
+    from clipcache.tasks.datasets.clip_benchmark.original_captions import is_flickr_folder
 
     return is_flickr_folder(name, root) or is_cn_folder(name, root)
 
 
 def _coco_present(name: str, entry: Entry, root: Path, split: str) -> bool:
-    from clipcache.tasks.datasets.internvl_cn import is_cn_folder
+    from clipcache.tasks.datasets.clip_benchmark.internvl_cn import is_cn_folder
 
     return any(root.glob("coco_*_karpathy.json")) or (root / "val2014").is_dir() or is_cn_folder(name, root)
 
@@ -82,26 +82,26 @@ def _class_folders_present(name: str, entry: Entry, root: Path, split: str) -> b
 # -- how each kind is read -------------------------------------------------------------------------------------------
 
 def _torchvision(name: str, entry: Entry, root: Path, split: str, limit: int | None, **_: Any) -> EvalDataset:
-    from clipcache.tasks.datasets.torchvision_sets import load_torchvision
+    from clipcache.tasks.datasets.clip_benchmark.torchvision_sets import load_torchvision
 
     folder = root / entry["folder"].format(split=split)
     return load_torchvision(name, entry, root, split, limit, lambda own: english_prompts(name, own, str(folder)))
 
 
 def _cifar(name: str, entry: Entry, root: Path, split: str, limit: int | None, **_: Any) -> EvalDataset:
-    from clipcache.tasks.datasets.original import load_cifar
+    from clipcache.tasks.datasets.clip_benchmark.original import load_cifar
 
     return load_cifar(name, root, split, limit)
 
 
 def _imagenet(name: str, entry: Entry, root: Path, split: str, limit: int | None, **_: Any) -> EvalDataset:
-    from clipcache.tasks.datasets.imagenet_layouts import load_imagenet_folder
+    from clipcache.tasks.datasets.clip_benchmark.imagenet_layouts import load_imagenet_folder
 
     return load_imagenet_folder(name, root, split, limit)
 
 
 def _wnid_folder(name: str, entry: Entry, root: Path, split: str, limit: int | None, **_: Any) -> EvalDataset:
-    from clipcache.tasks.datasets.imagenet_layouts import load_wnid_folder
+    from clipcache.tasks.datasets.clip_benchmark.imagenet_layouts import load_wnid_folder
 
     subset = entry["classnames"].partition(":")[2]
     return load_wnid_folder(name, root, split, limit,
@@ -111,37 +111,37 @@ def _wnid_folder(name: str, entry: Entry, root: Path, split: str, limit: int | N
 
 def _babel(name: str, entry: Entry, root: Path, split: str, limit: int | None, *, language: str = "en",
            **_: Any) -> EvalDataset:
-    from clipcache.tasks.datasets.imagenet_layouts import load_babel_imagenet
+    from clipcache.tasks.datasets.clip_benchmark.imagenet_layouts import load_babel_imagenet
 
     return load_babel_imagenet(name, root, split, limit, language)
 
 
 def _objectnet(name: str, entry: Entry, root: Path, split: str, limit: int | None, **_: Any) -> EvalDataset:
-    from clipcache.tasks.datasets.original import load_objectnet
+    from clipcache.tasks.datasets.clip_benchmark.original import load_objectnet
 
     return load_objectnet(name, root, split, limit, entry["source"])
 
 
 def _voc2007(name: str, entry: Entry, root: Path, split: str, limit: int | None, **_: Any) -> EvalDataset:
-    from clipcache.tasks.datasets.original import load_voc2007
+    from clipcache.tasks.datasets.clip_benchmark.original import load_voc2007
 
     return load_voc2007(name, root, split, limit, entry["source"])
 
 
 def _imagenetv2(name: str, entry: Entry, root: Path, split: str, limit: int | None, **_: Any) -> EvalDataset:
-    from clipcache.tasks.datasets.imagenet_layouts import load_imagenetv2
+    from clipcache.tasks.datasets.clip_benchmark.imagenet_layouts import load_imagenetv2
 
     return load_imagenetv2(name, root, split, limit, english_prompts(name, [], str(root)))
 
 
 def _caltech101(name: str, entry: Entry, root: Path, split: str, limit: int | None, **_: Any) -> EvalDataset:
-    from clipcache.tasks.datasets.original import load_caltech101
+    from clipcache.tasks.datasets.clip_benchmark.original import load_caltech101
 
     return load_caltech101(name, root, split, limit, english_prompts(name, [], str(root)), entry["source"])
 
 
 def _imagefolder(name: str, entry: Entry, root: Path, split: str, limit: int | None, **_: Any) -> EvalDataset:
-    from clipcache.tasks.datasets.original import load_class_folders
+    from clipcache.tasks.datasets.clip_benchmark.original import load_class_folders
 
     folder = root / ("train" if split == "train" else "test")
     return load_class_folders(name, folder, split, limit, english_prompts(name, [], str(folder)), entry["source"])
@@ -150,14 +150,14 @@ def _imagefolder(name: str, entry: Entry, root: Path, split: str, limit: int | N
 def _flickr(name: str, entry: Entry, root: Path, split: str, limit: int | None, *, language: str = "en",
             annotation_file: str | None = None) -> EvalDataset:
     if language == "cn":  # InternVL's fork: Flickr30K-CN
-        from clipcache.tasks.datasets.internvl_cn import load_flickr30k_cn
+        from clipcache.tasks.datasets.clip_benchmark.internvl_cn import load_flickr30k_cn
 
         return load_flickr30k_cn(name, root, split, limit, annotation_file=annotation_file)
-    from clipcache.tasks.datasets.internvl_flickr import is_fork_layout, load_flickr30k_fork
+    from clipcache.tasks.datasets.clip_benchmark.internvl_flickr import is_fork_layout, load_flickr30k_fork
 
     if is_fork_layout(name, root, split, language, annotation_file):  # InternVL's fork: Images/, cleaned captions
         return load_flickr30k_fork(name, root, split, limit, annotation_file=annotation_file)
-    from clipcache.tasks.datasets.original_captions import load_flickr
+    from clipcache.tasks.datasets.clip_benchmark.original_captions import load_flickr
 
     return load_flickr(name, root, split, limit, language=language, annotation_file=annotation_file)
 
@@ -165,29 +165,29 @@ def _flickr(name: str, entry: Entry, root: Path, split: str, limit: int | None, 
 def _coco(name: str, entry: Entry, root: Path, split: str, limit: int | None, *, language: str = "en",
           annotation_file: str | None = None) -> EvalDataset:
     if language == "cn":  # InternVL's fork: COCO-CN
-        from clipcache.tasks.datasets.internvl_cn import load_coco_cn
+        from clipcache.tasks.datasets.clip_benchmark.internvl_cn import load_coco_cn
 
         return load_coco_cn(name, root, split, limit, annotation_file=annotation_file)
-    from clipcache.tasks.datasets.original_captions import load_coco_karpathy
+    from clipcache.tasks.datasets.clip_benchmark.original_captions import load_coco_karpathy
 
     return load_coco_karpathy(name, root, split, limit, language=language, annotation_file=annotation_file)
 
 
 def _captions_json(name: str, entry: Entry, root: Path, split: str, limit: int | None, *, language: str = "en",
                    annotation_file: str | None = None) -> EvalDataset:
-    from clipcache.tasks.datasets.original_captions import load_captions_json
+    from clipcache.tasks.datasets.clip_benchmark.original_captions import load_captions_json
 
     return load_captions_json(name, root, split, limit, entry, language=language, annotation_file=annotation_file)
 
 
 def _birdsnap(name: str, entry: Entry, root: Path, split: str, limit: int | None, **_: Any) -> EvalDataset:
-    from clipcache.tasks.datasets.birdsnap import load_birdsnap
+    from clipcache.tasks.datasets.clip_benchmark.birdsnap import load_birdsnap
 
     return load_birdsnap(name, entry, root, split, limit)
 
 
 def _birdsnap_present(name: str, entry: Entry, root: Path, split: str) -> bool:
-    from clipcache.tasks.datasets.birdsnap import is_birdsnap_folder
+    from clipcache.tasks.datasets.clip_benchmark.birdsnap import is_birdsnap_folder
 
     return is_birdsnap_folder(name, entry, root, split)
 

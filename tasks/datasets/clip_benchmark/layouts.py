@@ -4,8 +4,9 @@ Each dataset of clip_benchmark's builder that it reads from files of the origina
 ``layouts.json``: its reader, the folder it lives in under ``--dataset_root``, its splits, where its class names come
 from and where clip_benchmark gets the files. Readers are shared: one reads every torchvision-backed set, one every
 ImageNet-style class-folder set, one every multilingual caption file. What a reader is (how its files are found and
-read, its task, its label) is one row of ``READERS`` in tasks/datasets/layout_readers.py. Adding a dataset whose
-layout an existing reader knows is one entry in the table; a new layout is a row in ``READERS`` plus its entries.
+read, its task, its label) is one row of ``READERS`` in tasks/datasets/clip_benchmark/layout_readers.py. Adding a
+dataset whose layout an existing reader knows is one entry in the table; a new layout is a row in ``READERS`` plus its
+entries.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from clipcache.storage.errors import DatasetError
 
 if TYPE_CHECKING:  # naming datasets must not import numpy (base) or the readers
     from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset
-    from clipcache.tasks.datasets.layout_readers import LayoutReader
+    from clipcache.tasks.datasets.clip_benchmark.layout_readers import LayoutReader
 
 TABLE = Path(__file__).with_name("layouts.json")
 SETS = Path(__file__).with_name("prompts") / "clip_benchmark_sets.json"
@@ -53,7 +54,7 @@ def dataset_facts() -> dict[str, Any]:
 
 def reader_of(name: str) -> LayoutReader:
     """The reader description of ``name``'s layout (layouts.json's ``reader``, a row of layout_readers.READERS)."""
-    from clipcache.tasks.datasets.layout_readers import READERS
+    from clipcache.tasks.datasets.clip_benchmark.layout_readers import READERS
 
     return READERS[layouts()[name]["reader"]]
 
@@ -81,13 +82,13 @@ def languages_of(name: str) -> list[str] | None:
     if "languages" in entry:
         return list(entry["languages"])
     if entry.get("classnames") == "babel":
-        from clipcache.tasks.datasets.imagenet_layouts import babel_languages
+        from clipcache.tasks.datasets.clip_benchmark.imagenet_layouts import babel_languages
 
         return list(babel_languages())
     if reader_of(name).task == "zeroshot_retrieval":
         return ["en"]
     if str(entry.get("classnames", "")).startswith("imagenet1k"):
-        from clipcache.tasks.datasets.languages import languages
+        from clipcache.tasks.datasets.clip_benchmark.languages import languages
 
         return languages()
     return ["en"]
@@ -104,7 +105,7 @@ def english_prompts(name: str, own: list[str], where: str) -> ClassPrompts:
     """The English class names clip_benchmark uses for ``name`` (its own files, torchvision's class list, or its
     shipped lists) with its templates for the dataset (else its ImageNet ones)."""
     from clipcache.tasks.datasets.base import ClassPrompts
-    from clipcache.tasks.datasets.original import clip_benchmark_prompts, imagenet_wnids, templates_for
+    from clipcache.tasks.datasets.clip_benchmark.original import clip_benchmark_prompts, imagenet_wnids, templates_for
 
     kind, _, arg = layouts()[name]["classnames"].partition(":")
     if kind in ("torchvision", "files"):

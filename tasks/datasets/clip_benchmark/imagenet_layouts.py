@@ -19,7 +19,7 @@ import numpy as np
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets.base import ClassPrompts
-from clipcache.tasks.datasets.original import FolderImages, folder_images, imagenet_wnids
+from clipcache.tasks.datasets.clip_benchmark.original import FolderImages, folder_images, imagenet_wnids
 
 
 def is_imagenet_folder(root: Path, split: str) -> bool:
@@ -36,7 +36,7 @@ def load_wnid_folder(name: str, folder: Path, split: str, limit: int | None, *, 
     """Class folders named by WordNet id (``<folder>/<wnid>/...``), in ImageFolder's order; a folder's label is its
     id's index among ``subset`` (the 200 of imagenet-a/-r/-o) or the 1,000, so a copy with some class folders
     missing keeps every other class's index (ImageFolder would shift them)."""
-    from clipcache.tasks.datasets.languages import imagenet_prompts
+    from clipcache.tasks.datasets.clip_benchmark.languages import imagenet_prompts
 
     folder = Path(folder)
     wnids = subset if subset is not None else imagenet_wnids()
@@ -68,7 +68,7 @@ def load_imagenet_folder(name: str, root: Path, split: str, limit: int | None) -
     """torchvision's ImageNet layout (``meta.bin`` + ``val/<wnid>/``) or a plain ``val/<wnid>/``: clip_benchmark's
     ``test`` split is the ``val`` folder, its ``train`` the ``train`` folder; its 1,000 class names and ImageNet
     templates."""
-    from clipcache.tasks.datasets.languages import imagenet_prompts
+    from clipcache.tasks.datasets.clip_benchmark.languages import imagenet_prompts
 
     if split not in ("train", "test", "val"):
         raise DatasetError(f"dataset {name!r} has the splits train and test (val/) (asked for {split!r})")
@@ -82,7 +82,7 @@ def load_imagenetv2(name: str, root: Path, split: str, limit: int | None, prompt
     """ImageNetV2 (matched frequency): ``ImageNetV2-matched-frequency/<class index>/*.jpeg``, the folder name the
     label. clip_benchmark lists the files in glob order (the file system's); clipcache sorts them, which no metric
     of a classification sees."""
-    from clipcache.tasks.datasets.languages import imagenet_prompts
+    from clipcache.tasks.datasets.clip_benchmark.languages import imagenet_prompts
 
     folder = Path(root) / "ImageNetV2-matched-frequency"
     if not folder.is_dir():
@@ -113,7 +113,7 @@ def babel_languages() -> dict[str, dict[str, Any]]:
 def load_babel_imagenet(name: str, root: Path, split: str, limit: int | None, language: str) -> FolderImages:
     """Babel-ImageNet: ImageNet's ``val/<wnid>/`` (``train/`` for the train split) restricted to the classes
     Babel-ImageNet names in ``language``, class by class in its order, labelled by position in that list; its class
-    names and NLLB-translated templates (tasks/datasets/prompts/babel_imagenet.json)."""
+    names and NLLB-translated templates (tasks/datasets/clip_benchmark/prompts/babel_imagenet.json)."""
     data = babel_languages().get(language.lower())
     if data is None:
         raise DatasetError(f"language: {language!r} is not available for dataset {name!r} (available: "
