@@ -118,7 +118,7 @@ def test_a_new_source_is_one_registration_and_is_listed(monkeypatch, tmp_path):
     (record,) = [r for r in dataset_catalog() if r.name == "lines/demo"]
     assert record == DatasetRecord("lines/demo", "zeroshot_retrieval", ("test_lines",), ("lines.txt: one caption a "
                                                                                         "line",))
-    from clipcache.flows.cli_catalog import catalog_rows
+    from clipcache.flows.cli.catalog import catalog_rows
 
     assert any(row["name"] == "lines/demo" for row in catalog_rows(str(tmp_path), "huggingface"))
 
