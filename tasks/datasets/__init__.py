@@ -145,8 +145,8 @@ FOLDER_ONLY = frozenset({"beir", "any2any", "visual_sts", "multiple_choice", "co
                          "vidore"})
 
 
-def _group_layout_names() -> list[str]:  # tasks/datasets/group_layouts.py's group_layouts(), without its imports
-    data = json.loads(Path(__file__).with_name("group_layouts.json").read_text(encoding="utf-8"))
+def _group_layout_names() -> list[str]:  # tasks/datasets/datacomp/group_layouts.py's group_layouts(), without its imports
+    data = json.loads((Path(__file__).parent / "datacomp" / "group_layouts.json").read_text(encoding="utf-8"))
     return sorted(k for k in data if not k.startswith("_"))
 
 
