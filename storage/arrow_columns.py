@@ -70,3 +70,12 @@ def strings(texts: list[str]) -> pa.Array:
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
     return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets),
                                                              pa.py_buffer(b"".join(encoded))])
+
+
+def string_lists(rows: list[list[str]]) -> pa.Array:
+    """A list<string> column, one list of texts per row (a captioned image's references)."""
+    import numpy as np
+
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum([len(r) for r in rows], out=offsets[1:])
+    return pa.ListArray.from_arrays(from_numpy(offsets, pa.int32()), strings([t for r in rows for t in r]))

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from clipcache.storage.arrow_columns import from_numpy, list_array, strings
+from clipcache.storage.arrow_columns import from_numpy, list_array, string_lists, strings
 from clipcache.storage.atomic import atomic_write, atomic_write_json
 from clipcache.storage.paths import AnyPath, as_path
 
@@ -101,6 +101,10 @@ SAMPLE_SCHEMA = pa.schema([
     # retrieval: the requested k at which the query is a hit, exactly as the stored recall@k counts it (its tie rule);
     # null in files written before it existed (they hold no retrieval rows)
     ("hits_at", pa.list_(pa.int32())),
+    # captioning: the image's caption (generated, converted or a user's) and its reference captions, on every row of
+    # the image; null in rows of other tasks and in files written before the columns existed
+    ("caption", pa.string()),
+    ("reference_captions", pa.list_(pa.string())),
 ])
 
 
@@ -170,7 +174,8 @@ def write_run_row(output_dir: str | Path, row: dict[str, Any]) -> Path:
 def write_sample_rows(output_dir: str | Path, run_id: str, *, created_at: datetime, experiment_id: str, task: str,
                       unit: str, columns: dict[str, Any], keys: list[str] | None = None) -> Path:
     """Per-sample outcomes (NumPy arrays by column; a masked array's masked entries are nulls; a list column is a
-    2-D array or a :class:`Ragged`) as one Parquet file, Arrow built on the arrays' buffers."""
+    2-D array or a :class:`Ragged`; a text column a list of str, a list-of-texts column a list of lists of str) as
+    one Parquet file, Arrow built on the arrays' buffers."""
     import numpy as np
 
     n = len(next(iter(columns.values())))
@@ -187,8 +192,12 @@ def write_sample_rows(output_dir: str | Path, run_id: str, *, created_at: dateti
     for field in physical_schema(SAMPLE_SCHEMA):
         if field.name in fixed:
             arrays.append(fixed[field.name])
+        elif field.type == pa.list_(pa.string()) and field.name in columns:
+            arrays.append(string_lists(columns[field.name]))
         elif pa.types.is_list(field.type) and field.name in columns:
             arrays.append(list_array(columns[field.name]))
+        elif pa.types.is_string(field.type) and field.name in columns:
+            arrays.append(strings(list(columns[field.name])))
         elif field.name in columns:
             arrays.append(from_numpy(columns[field.name], field.type))
         else:

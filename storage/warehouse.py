@@ -155,6 +155,14 @@ def _derived_views(con: duckdb.DuckDBPyConnection) -> None:
                 "USING (unit, sample_index) "
                 "WHERE a.experiment_id = baseline AND b.experiment_id = candidate AND a.correct1 <> b.correct1 "
                 "ORDER BY unit, a.sample_index")
+    # captioning: two experiments' captions of each image side by side, with each side's per-image value of the unit's
+    # metric (unit caption_cider: CIDEr), the references of the baseline's rows
+    con.execute("CREATE MACRO caption_pairs(baseline, candidate) AS TABLE "
+                "SELECT unit, a.sample_index, a.sample_key, a.caption AS baseline_caption, "
+                "b.caption AS candidate_caption, a.reference_captions, a.value AS baseline_value, "
+                "b.value AS candidate_value FROM latest_samples a JOIN latest_samples b USING (unit, sample_index) "
+                "WHERE a.experiment_id = baseline AND b.experiment_id = candidate AND a.caption IS NOT NULL "
+                "AND b.caption IS NOT NULL ORDER BY unit, a.sample_index")
     con.execute(f"CREATE VIEW leaderboard AS SELECT {', '.join(LEADERBOARD_COLUMNS)} FROM metrics "
                 f"WHERE sample_limit IS NULL AND default_prompts AND task_options = '{{}}' "
                 f"QUALIFY dense_rank() OVER (PARTITION BY {', '.join(LEADERBOARD_GRAIN)} "

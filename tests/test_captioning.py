@@ -210,6 +210,11 @@ def test_per_image_rows_and_intervals(coca):
         low, high = scored.evidence.all_intervals()[metric]
         assert low <= scored.metrics[metric] <= high
     assert "Bleu_4" not in scored.evidence.all_intervals()  # corpus BLEU is not a mean of the rows
+    # every row carries what was scored: the image's caption and its references
+    lines = [json.loads(x) for x in (coca["data"] / "image_queries.jsonl").read_text().splitlines()]
+    for part in parts.values():
+        assert list(part.columns["caption"]) == generated_captions(coca["cache"])
+        assert part.columns["reference_captions"] == [line["query"] for line in lines]
 
 
 @needs_java

@@ -156,3 +156,28 @@ def test_compare_two_captioners_image_by_image_through_the_warehouse(shapes_clip
     compared = {r["metric"]: r for r in json.loads(out)}
     assert set(compared) == {"clipscore", "refclipscore"}
     assert compared["clipscore"]["verdict"] == "worse" and compared["clipscore"]["n"] == n
+    # each image's caption and references are in its rows, as written: SQL reads them, compare shows both sides
+    (refs_id, shuffled_id) = by_source["refs.jsonl"], by_source["shuffled.jsonl"]
+    stored = con.sql("SELECT sample_index, caption, reference_captions FROM latest_samples WHERE experiment_id = ? "
+                     "AND unit = 'caption_clipscore' ORDER BY sample_index", params=[shuffled_id]).fetchall()
+    assert [c for _, c, _ in stored] == [lines[j]["query"][0] for j in np.roll(np.arange(n), 5)]
+    assert [r for _, _, r in stored] == [line["query"] for line in lines]
+    pairs = con.sql(f"SELECT sample_index, baseline_caption, candidate_caption, baseline_value, candidate_value "
+                    f"FROM caption_pairs('{refs_id}', '{shuffled_id}') WHERE unit = 'caption_clipscore'").fetchall()
+    assert len(pairs) == n and all(a == lines[i]["query"][0] for i, (_, a, _, _, _) in enumerate(pairs))
+    code, out, err = run_cli(["compare", "--baseline", refs_id, "--candidate", shuffled_id, "--output_dir",
+                              str(tmp_path / "out"), "--format", "json", "--captions", "3"], capsys)
+    assert code == 0, err
+    shown = json.loads(out)["captions"]
+    gaps = sorted((abs(b - a) for _, _, _, a, b in pairs), reverse=True)
+    assert [c["difference"] for c in shown] == pytest.approx([-g for g in gaps[:3]], abs=1e-12)  # worst first
+    for c in shown:
+        i = c["sample_index"]
+        assert (c["metric"], c["baseline_caption"], c["candidate_caption"], c["reference_captions"]) == (
+            "clipscore", lines[i]["query"][0], lines[(i - 5) % n]["query"][0], lines[i]["query"])
+    code, out, err = run_cli(["compare", "--baseline", refs_id, "--candidate", shuffled_id, "--output_dir",
+                              str(tmp_path / "out"), "--captions", "3"], capsys)
+    assert code == 0, err
+    assert "3 images, the largest clipscore difference first" in out
+    for c in shown:  # the table lists the same images with both captions (wrapped in their cells)
+        assert c["baseline_caption"][:25] in out and c["candidate_caption"][:25] in out

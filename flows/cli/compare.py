@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 
 def add_compare_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,6 +21,10 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
     c.add_argument("--seed", type=int, default=0, help="the bootstrap's seed")
     c.add_argument("--format", choices=["table", "json"], default="table")
+    c.add_argument("--captions", type=int, default=None, metavar="N",
+                   help="captioning: show N images with both captions and their references, the largest score "
+                        "difference first (default 10 in a table, none in JSON; with --format json the output "
+                        "becomes {\"comparisons\": [...], \"captions\": [...]})")
     c.set_defaults(handler=run_compare)
 
 
@@ -27,15 +32,26 @@ def run_compare(args: argparse.Namespace) -> int:
     from clipcache.flows.cli.query import check_output_dir
     from clipcache.storage.errors import ConfigError
     from clipcache.storage.warehouse import read_results
-    from clipcache.tasks.report.compare import compare
+    from clipcache.tasks.report.caption_compare import CaptionPair, caption_pairs
+    from clipcache.tasks.report.compare import ComparisonRow, compare
 
     if args.bootstrap < 1:
         raise ConfigError("--bootstrap: give at least 1 resample")
+    if args.captions is not None and args.captions < 0:
+        raise ConfigError(f"--captions: give a number of images (0 or more), not {args.captions}")
     check_output_dir(args.output_dir)
-    rows = read_results(args.output_dir, lambda con: compare(con, args.baseline, args.candidate,
-                                                             resamples=args.bootstrap, seed=args.seed))
+    shown = args.captions if args.captions is not None else (0 if args.format == "json" else 10)
+
+    def read(con: Any) -> tuple[list[ComparisonRow], list[CaptionPair]]:
+        rows = compare(con, args.baseline, args.candidate, resamples=args.bootstrap, seed=args.seed)
+        return rows, (caption_pairs(con, args.baseline, args.candidate, limit=shown) if shown else [])
+
+    rows, captions = read_results(args.output_dir, read)
     if args.format == "json":
-        json.dump([r.as_dict() for r in rows], sys.stdout, indent=1)
+        listed = [r.as_dict() for r in rows]
+        json.dump(listed if args.captions is None else {"comparisons": listed,
+                                                        "captions": [c.as_dict() for c in captions]},
+                  sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
     from rich.table import Table
@@ -78,4 +94,22 @@ def run_compare(args: argparse.Namespace) -> int:
     if len(rows) > 1:
         console.print(f"{len(rows)} comparisons: the verdicts use each p-value alone; 'p (Holm)' adjusts them for "
                       f"making {len(rows)} comparisons at once (read a verdict as real only if it is below 0.05)")
+    if captions:
+        print_captions(console, captions)
     return 0
+
+
+def print_captions(console: Any, captions: list[Any]) -> None:
+    """Each image's two captions and references, per dataset (captions are data: never markup)."""
+    from rich.table import Table
+
+    for dataset in dict.fromkeys(c.dataset for c in captions):
+        chosen = [c for c in captions if c.dataset == dataset]
+        table = Table(title=f"{dataset}: {len(chosen)} images, the largest {chosen[0].metric} difference first",
+                      show_lines=True)
+        for column in ("image", "baseline caption", "candidate caption", chosen[0].metric, "references"):
+            table.add_column(column, justify="right" if column == chosen[0].metric else "left", overflow="fold")
+        for c in chosen:
+            table.add_row(c.sample_key or str(c.sample_index), c.baseline_caption, c.candidate_caption,
+                          f"{c.baseline_value:.3f} -> {c.candidate_value:.3f}", "\n".join(c.reference_captions))
+        console.print(table)

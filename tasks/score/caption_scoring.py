@@ -2,7 +2,8 @@
 CLIPScore / RefCLIPScore from the cache entries; per-image sample rows and 95% intervals.
 
 Sample rows: one unit per metric that defines a per-image value, ``caption_<metric>`` (``caption_cider``,
-``caption_bleu_4``, ``caption_clipscore``, ...), each image's value in ``value``. BLEU and METEOR's corpus values are
+``caption_bleu_4``, ``caption_clipscore``, ...), each image's value in ``value``, its caption in ``caption`` and its
+references in ``reference_captions`` (on every unit's row, so any one unit's rows show what was scored). BLEU and METEOR's corpus values are
 not the means of their per-image values (corpus BLEU pools n-gram counts; METEOR's aggregate pools its statistics),
 so they get rows but no interval; every other metric is the mean of its rows and gets a percentile-bootstrap
 interval over the images (CIDEr's document frequencies held at the full set's).
@@ -41,7 +42,7 @@ def score_captions(store: EmbeddingStore, encoded: Encoded, families: Sequence[s
         clip_s, ref_clip_s = clip_scores(store, encoded, len(captions), references)
         metrics["clipscore"], metrics["refclipscore"] = float(np.mean(clip_s)), float(np.mean(ref_clip_s))
         per_image["clipscore"], per_image["refclipscore"] = clip_s, ref_clip_s
-    return metrics, caption_evidence(per_image, len(captions), resamples, keys)
+    return metrics, caption_evidence(per_image, resamples, keys, captions=captions, references=references)
 
 
 def clip_scores(store: EmbeddingStore, encoded: Encoded, n: int,
@@ -67,21 +68,25 @@ def unit_name(metric: str) -> str:
     return "caption_" + metric.lower()
 
 
-def caption_evidence(per_image: dict[str, np.ndarray], n: int, resamples: int, keys: list[str] | None) -> Evidence:
+def caption_evidence(per_image: dict[str, np.ndarray], resamples: int, keys: list[str] | None, *,
+                     captions: list[str], references: list[list[str]]) -> Evidence:
     """One part per metric with per-image values (unit ``caption_<metric>``), intervals where the metric is their
-    mean."""
+    mean; every row carries its image's caption and references."""
     from clipcache.tasks.score.evidence import Evidence
     from clipcache.tasks.score.intervals import interval, mean_statistic
 
+    n = len(captions)
     index = np.arange(n, dtype=np.int64)
+    texts = {"caption": list(captions), "reference_captions": [list(r) for r in references]}
     parts = []
     for metric, values in per_image.items():
-        part = Evidence(unit_name(metric), {"sample_index": index, "value": np.asarray(values, np.float64)}, keys)
+        part = Evidence(unit_name(metric), {"sample_index": index, "value": np.asarray(values, np.float64), **texts},
+                        keys)
         if resamples > 0 and n and metric in MEAN_OF_IMAGES:
             part.intervals[metric] = interval(mean_statistic(part.columns["value"]), n, resamples=resamples)
         parts.append(part)
     if not parts:
-        return Evidence("caption", {"sample_index": index}, keys)
+        return Evidence("caption", {"sample_index": index, **texts}, keys)
     first, *more = parts
     first.more = more
     return first

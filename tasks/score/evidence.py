@@ -12,13 +12,15 @@ each). What a row is, per task (its ``unit``):
 - image-caption selection: ``item`` (the group score: acc), ``item_text`` (text_acc) and ``item_image``
   (image_acc), each item's outcome in ``correct1``;
 - image clustering: ``image``, the image's class in ``target`` and its k-means cluster in ``prediction``; no
-  interval (see :func:`clustering_evidence`).
+  interval (see :func:`clustering_evidence`);
+- captioning: ``caption_<metric>``, an image with the metric's per-image value in ``value``, its caption in
+  ``caption`` and its references in ``reference_captions`` (tasks/score/caption_scoring.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,7 +41,9 @@ Interval = tuple[float | None, float | None]
 @dataclass
 class Evidence:
     unit: str  # what a row is: image (a classified image), caption, image_query, ...
-    columns: dict[str, np.ndarray]  # SAMPLE_SCHEMA's columns, one array each
+    # SAMPLE_SCHEMA's columns, one NumPy array each; text columns (captioning's caption, reference_captions) are
+    # lists of str and of lists of str
+    columns: dict[str, Any]
     keys: list[str] | None = None  # the samples' own names, when the dataset has them
     intervals: dict[str, Interval] = field(default_factory=dict)  # flat metric name -> 95% interval
     # the experiment's rows of other units (retrieval: the image queries beside the text queries), each written as
