@@ -50,18 +50,15 @@ def run(model_or_session, data: Path, cache: Path, **options):
     return scored, session
 
 
-@pytest.fixture(scope="module")
-def coca(tmp_path_factory):
-    """A tiny random CoCa as a local open_clip folder, a 6-image set with 3 references each, and one captioning
-    run with every metric (the module's one set of Java starts for the task)."""
+def write_tiny_coca(model_dir: Path, *, poisoned: bool = False) -> str:
+    """A tiny random CoCa as a local open_clip folder (``poisoned``: its decoder's output projection NaN); returns
+    its model spec."""
     import open_clip  # noqa: F401
     import torch
     from open_clip.coca_model import CoCa
     from safetensors.torch import save_file
 
-    root = tmp_path_factory.mktemp("captioning")
-    model_dir = root / "tiny-coca"
-    model_dir.mkdir()
+    model_dir.mkdir(parents=True)
     (model_dir / "open_clip_config.json").write_text(json.dumps({"model_cfg": TINY_COCA}))
     torch.manual_seed(0)
     module = CoCa(TINY_COCA["embed_dim"], TINY_COCA["multimodal_cfg"], TINY_COCA["text_cfg"], TINY_COCA["vision_cfg"])
@@ -72,9 +69,19 @@ def coca(tmp_path_factory):
     for p in module.parameters():
         if p is uninitialised or (p.ndim >= 2 and not p.any()):
             p.data.normal_(0, 0.5)
+    if poisoned:
+        uninitialised.data.fill_(float("nan"))
     save_file({k: v.contiguous() for k, v in module.state_dict().items()}, model_dir / "open_clip_model.safetensors")
+    return f"local-dir:{model_dir}"
+
+
+@pytest.fixture(scope="module")
+def coca(tmp_path_factory):
+    """A tiny random CoCa as a local open_clip folder, a 6-image set with 3 references each, and one captioning
+    run with every metric (the module's one set of Java starts for the task)."""
+    root = tmp_path_factory.mktemp("captioning")
+    model = write_tiny_coca(root / "tiny-coca")
     data = write_image_queries(root / "data", n=6)
-    model = f"local-dir:{model_dir}"
     scored, session = run(model, data, root / "cache", caption_metrics=["bleu", "rouge", "cider", "spice",
                                                                         "clipscore"])
     return {"root": root, "model": model, "data": data, "cache": root / "cache", "scored": scored,
@@ -272,3 +279,22 @@ def test_an_edited_references_file_is_another_experiment(tmp_path):
     refs.write_text(json.dumps({"0": ["a dog"]}))
     assert task.options(settings) != first and first["caption_references"] == str(refs)
     assert task.options(ScoreSettings()) == {}  # the reference experiment: default options
+
+
+def test_a_model_that_generates_nan_stops_in_one_line(tmp_path, capsys):
+    """A CoCa whose decoder outputs NaN (open_clip samples the next token from NaN probabilities, which torch
+    refuses): one line naming the model and the images, no traceback, no caption cached; and a seq_len that
+    open_clip's generate() would assert on is refused before any work."""
+    from hostile import assert_refused, run_cli
+
+    model = write_tiny_coca(tmp_path / "nan-coca", poisoned=True)
+    data = write_image_queries(tmp_path / "data", n=3)
+    argv = ["eval", "--model", model, "--dataset", "custom", "--dataset_root", str(data), "--task",
+            "captioning", "--caption_metrics", "clipscore", "--quiet", "--orchestrator", "local",
+            "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]
+    code, _, err = run_cli(argv, capsys)
+    assert_refused(code, err, "cannot write captions: its weights hold NaN or infinite values (generate() failed "
+                              "on images 0..2 of custom")
+    assert not any(p.read_text() for p in (tmp_path / "cache" / "captions").glob("*.jsonl"))
+    code, _, err = run_cli([*argv, "--caption_seq_len", "5"], capsys)
+    assert_refused(code, err, "caption_seq_len")

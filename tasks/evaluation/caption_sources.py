@@ -126,8 +126,6 @@ def generate_missing(session: EncodeSession, dataset: EvalDataset, cache: Captio
     appended to ``cache`` as its batch finishes. Returns how many were generated."""
     import torch
 
-    from clipcache.tasks.models.devices import autocast
-
     missing = [i for i, c in enumerate(captions) if c is None]
     if not missing:
         return 0
@@ -143,8 +141,8 @@ def generate_missing(session: EncodeSession, dataset: EvalDataset, cache: Captio
         for lo in range(0, len(missing), batch_size):
             batch = missing[lo:lo + batch_size]
             pixels = torch.stack([model.image_transform(dataset.load_image(i)) for i in batch])
-            with torch.no_grad(), autocast(session.device, session.amp):
-                out = module.generate(pixels.to(session.device), **decoding)
+            out = _generate(session, module, pixels, decoding, where=f"images {batch[0]}..{batch[-1]} of "
+                            f"{dataset.name}")
             for i, ids in zip(batch, out.cpu().numpy(), strict=True):
                 captions[i] = caption = decode_tokens(ids)
                 if keys[i] not in done:  # an image repeated in the dataset is one cache line
@@ -152,3 +150,36 @@ def generate_missing(session: EncodeSession, dataset: EvalDataset, cache: Captio
                     done.add(keys[i])
             advance(len(batch))
     return len(missing)
+
+
+def _generate(session: Any, module: Any, pixels: Any, decoding: dict[str, Any], *, where: str) -> Any:
+    """``module.generate`` on one batch. A model whose outputs are not numbers (NaN or infinite weights or
+    activations: open_clip samples the next token with ``torch.multinomial``, which refuses such probabilities) or
+    that open_clip's decoding refuses (its asserts, its ValueError) stops the run in one line naming the model and
+    the images; the captions of earlier batches are already in the cache."""
+    import torch
+
+    from clipcache.storage.errors import ModelError
+    from clipcache.tasks.models.devices import autocast
+
+    name = session.resolved.display_name
+    try:
+        with torch.no_grad(), autocast(session.device, session.amp):
+            return module.generate(pixels.to(session.device), **decoding)
+    except (RuntimeError, AssertionError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if not _finite_parameters(module):
+            raise ModelError(f"model {name!r} cannot write captions: its weights hold NaN or infinite values "
+                             f"(generate() failed on {where}: {first})") from e
+        if "inf" in first or "nan" in first:
+            hint = " (it ran under --amp: try without)" if session.amp else ""
+            raise ModelError(f"model {name!r} cannot write captions: its outputs on {where} are NaN or infinite "
+                             f"({first}){hint}") from e
+        raise ModelError(f"model {name!r}: caption generation failed on {where} ({type(e).__name__}: {first})") \
+            from e
+
+
+def _finite_parameters(module: Any) -> bool:
+    import torch
+
+    return all(bool(torch.isfinite(p).all()) for p in module.parameters())

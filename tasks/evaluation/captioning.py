@@ -67,7 +67,8 @@ class Captioning(EvalTask["EvalDataset"]):
         # transformers 5 (tasks/evaluation/caption_sources.py): greedy top-k is the default here
         caption_generation: Literal["top_k", "top_p", "beam_search"] = Field(
             "top_k", description="open_clip generate()'s generation_type (beam_search needs transformers < 5)")
-        caption_seq_len: int = Field(30, ge=1, le=76, description="open_clip generate()'s seq_len")
+        # open_clip's generate() asserts seq_len > min_seq_len (5: it forbids <end_of_text> before 5 tokens)
+        caption_seq_len: int = Field(30, ge=6, le=76, description="open_clip generate()'s seq_len (6..76)")
         caption_top_p: float = Field(0.1, gt=0, le=1, description="open_clip generate()'s top_p (top_p sampling)")
         caption_top_k: int = Field(1, ge=1, description="open_clip generate()'s top_k (1: greedy decoding)")
         caption_temperature: float = Field(1.0, gt=0, description="open_clip generate()'s temperature")
