@@ -1,4 +1,5 @@
-"""Looking after the embedding cache: describe entries, find damaged ones, collect garbage by age/size/pattern."""
+"""Looking after the embedding cache: describe entries, find damaged ones, collect garbage by age/size/pattern.
+(Caption setups, the cache's other kind of entry: storage/caption_admin.py.)"""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class EntryInfo:
     dataset_format: str = ""  # the dataset identity's format (wds, selection:..., any2any, beir...)
     arrays: tuple[str, ...] = ()  # arrays beside the embeddings (target, position, caption_row...)
     tasks: tuple[str, ...] = ()  # filled by the caller that knows the tasks (flows/cli/cache.py)
+    settings: str = ""  # caption setups (storage/caption_admin.py): decoding settings, or a VLM's prompt
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -22,6 +22,8 @@ import fcntl
 import json
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,8 @@ from clipcache.storage.hashing import digest
 
 
 class CaptionCache:
-    def __init__(self, cache_dir: str | Path, setup: dict[str, Any], *, create: bool = True):
+    def __init__(self, cache_dir: str | Path, setup: dict[str, Any], *, create: bool = True,
+                 label: str | None = None):
         self.setup = setup
         self.key = digest(setup)
         self.path = Path(cache_dir) / "captions" / f"{self.key}.jsonl"
@@ -45,9 +48,13 @@ class CaptionCache:
                 with open(self.path, "ab") as f:
                     f.write(b"\n")
             self.refresh()
-        elif create:
+        if create and not (self.path.parent / f"{self.key}.setup.json").exists():
+            # (also when its captions are there without it: removed by `cache rm` while a run was writing)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             (self.path.parent / f"{self.key}.setup.json").write_text(json.dumps(setup, indent=1))
+        meta = self.path.parent / f"{self.key}.meta.json"
+        if create and label is not None and not meta.exists():  # how `cache ls` names the model (not in the key)
+            meta.write_text(json.dumps({"model": label}))
 
     def refresh(self) -> int:
         """Read the lines other processes appended since the last read; returns how many captions were new."""
@@ -72,12 +79,27 @@ class CaptionCache:
     def _claim_offset(self, image_sha256: str) -> int:
         return int(image_sha256[:10], 16)
 
-    def try_claim(self, image_sha256: str) -> bool:
-        """Claim an image for this process (non-blocking); False while another process has it."""
+    def _claims(self) -> int:
         if self._claims_fd is None:
             self._claims_fd = os.open(self.path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o666)
+        return self._claims_fd
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """A shared lock over the whole claims file while this process writes captions without claiming images one
+        by one (a model generating them): ``clipcache cache gc`` keeps the setup meanwhile and ``cache rm`` waits
+        (storage/caption_admin.py)."""
+        fd = self._claims()
+        fcntl.lockf(fd, fcntl.LOCK_SH, 0, 0)
         try:
-            fcntl.lockf(self._claims_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, self._claim_offset(image_sha256))
+            yield
+        finally:
+            fcntl.lockf(fd, fcntl.LOCK_UN, 0, 0)
+
+    def try_claim(self, image_sha256: str) -> bool:
+        """Claim an image for this process (non-blocking); False while another process has it."""
+        try:
+            fcntl.lockf(self._claims(), fcntl.LOCK_EX | fcntl.LOCK_NB, 1, self._claim_offset(image_sha256))
             return True
         except OSError:
             return False

@@ -298,3 +298,14 @@ def test_a_model_that_generates_nan_stops_in_one_line(tmp_path, capsys):
     assert not any(p.read_text() for p in (tmp_path / "cache" / "captions").glob("*.jsonl"))
     code, _, err = run_cli([*argv, "--caption_seq_len", "5"], capsys)
     assert_refused(code, err, "caption_seq_len")
+
+
+def test_the_generated_captions_are_listed_by_cache_ls(coca, capsys):
+    from hostile import run_cli
+
+    code, out, err = run_cli(["cache", "ls", "--json", "--task", "captioning", "--cache_dir", str(coca["cache"])],
+                             capsys)
+    assert code == 0, err
+    (setup,) = [r for r in map(json.loads, out.splitlines()) if r["kind"] == "captions"]
+    assert setup["model"] == coca["session"].resolved.display_name == "tiny-coca (tiny-coca@d2a95529)" and setup["count"] == 6
+    assert setup["settings"].startswith("generation_type=top_k, seq_len=30, top_p=0.1, top_k=1, temperature=1.0")

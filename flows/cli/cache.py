@@ -1,4 +1,5 @@
-"""``clipcache cache ls | info KEY | verify [KEY ...] | rm KEY ... | gc``: look after the embedding cache."""
+"""``clipcache cache ls | info KEY | verify [KEY ...] | rm KEY ... | gc``: look after the embedding cache and the
+caption setups beside it (storage/caption_admin.py: captions a CoCa generated or a VLM wrote through ``convert``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def human_bytes(n: float) -> str:
 
 
 def add_cache_parser(sub: argparse._SubParsersAction) -> None:
-    cache = sub.add_parser("cache", help="list, inspect, verify and clean the embedding cache")
+    cache = sub.add_parser("cache", help="list, inspect, verify and clean the embedding cache (and its caption "
+                                         "setups)")
     cache.add_argument("--cache_dir", "--cache-dir", dest="cache_dir", default="cache")
     actions = cache.add_subparsers(dest="action", required=True)
     ls = actions.add_parser("ls", help="list entries (model, dataset, split, kind, rows, dim, size, dates)")
@@ -62,16 +64,19 @@ def _ls(store, args, out: Console) -> int:
 
     from clipcache.flows.cli.console import short_task
     from clipcache.storage.cache_admin import list_entries
+    from clipcache.storage.caption_admin import list_setups
     from clipcache.tasks.evaluation import TASKS, tasks_served
 
     if args.task is not None:
         TASKS.get(args.task)  # an unknown name: one line with "did you mean"
     infos = [replace(i, tasks=tuple(tasks_served(i.role, i.dataset_format, i.arrays)) if i.complete else ())
              for i in list_entries(store)]
+    setups = list_setups(store.root)
     if args.task is not None:
         infos = [i for i in infos if args.task in i.tasks]
+        setups = [i for i in setups if args.task in i.tasks]
     if args.json:
-        for info in infos:
+        for info in infos + setups:
             print(json.dumps(info.as_dict()))  # JSON lines, for jq / scripts
         return 0
     from rich.table import Table
@@ -84,11 +89,43 @@ def _ls(store, args, out: Console) -> int:
         table.add_row(i.key[:12], i.kind, i.model, i.dataset, i.split, ", ".join(short_task(t) for t in i.tasks),
                       f"{i.count:,}", str(i.dim or ""), i.dtype, human_bytes(i.bytes), i.created, i.last_used)
     out.print(table)
+    if setups:
+        table = Table(title=f"{len(setups)} caption setups, {human_bytes(sum(i.bytes for i in setups))}")
+        for column in ("key", "model", "settings", "images", "size", "created", "last written"):
+            table.add_column(column, justify="right" if column in ("images", "size") else "left",
+                             overflow="fold")
+        for i in setups:
+            table.add_row(i.key[:12], i.model, i.settings, f"{i.count:,}", human_bytes(i.bytes), i.created,
+                          i.last_used)
+        out.print(table)
     return 0
 
 
+def _resolve(store, prefix: str) -> tuple[str, str]:
+    """(``embeddings`` or ``captions``, the full key) of the one entry or caption setup whose key starts with
+    ``prefix`` (as git resolves commit ids)."""
+    from clipcache.storage.caption_admin import KIND, captions_dir, setup_keys
+    from clipcache.storage.errors import CacheIntegrityError
+
+    matches = [("embeddings", k) for k in sorted(set(store.keys() + store.partial_keys())) if k.startswith(prefix)]
+    matches += [(KIND, k) for k in setup_keys(captions_dir(store.root)) if k.startswith(prefix)]
+    if len(matches) != 1 or not prefix:
+        found = "no entry or caption setup" if not matches else f"{len(matches)} entries and caption setups"
+        raise CacheIntegrityError(f"{found} in {store.root} with a key starting with {prefix!r}")
+    return matches[0]
+
+
 def _info(store, args, out: Console) -> int:
-    key = store.resolve_prefix(args.key)
+    kind, key = _resolve(store, args.key)
+    if kind != "embeddings":
+        from clipcache.storage.caption_admin import captions_dir, describe_setup, read_setup
+
+        info = describe_setup(store.root, key)
+        out.print_json(json.dumps({"key": key, "kind": kind, "path": f"{captions_dir(store.root)}/{key}.jsonl",
+                                   "setup": read_setup(store.root, key),
+                                   "images": info.count, "bytes": info.bytes, "created": info.created,
+                                   "last_written": info.last_used}))
+        return 0
     entry = store.open(key)
     out.print_json(json.dumps({"key": key, "path": str(entry.path), "arrays": {
         name: {"shape": list(entry._group[name].shape), "dtype": str(entry._group[name].dtype)}
@@ -98,10 +135,13 @@ def _info(store, args, out: Console) -> int:
 
 
 def _verify(store, args, out: Console) -> int:
-    keys = [store.resolve_prefix(k) for k in args.keys] if args.keys else store.keys()
+    from clipcache.storage.caption_admin import KIND, captions_dir, setup_keys, verify_setup
+
+    keys = [_resolve(store, k) for k in args.keys] if args.keys else \
+        [("embeddings", k) for k in store.keys()] + [(KIND, k) for k in setup_keys(captions_dir(store.root))]
     damaged = 0
-    for key in keys:
-        problems = store.verify(key)
+    for kind, key in keys:
+        problems = store.verify(key) if kind == "embeddings" else verify_setup(store.root, key)
         if not problems:
             continue
         damaged += 1
@@ -110,17 +150,29 @@ def _verify(store, args, out: Console) -> int:
 
             out.print(styled("damaged", "red", f"{key}: {problem}"), highlight=False, soft_wrap=True)
         if args.delete:
-            store.remove(key)
-            out.print(f"deleted {key}; the next `clipcache eval` that needs it re-encodes it")
-    out.print(f"verified {len(keys)} entries: {damaged} damaged")
+            _remove(store, kind, key, out)
+    setups = sum(kind == KIND for kind, _ in keys)
+    out.print(f"verified {len(keys) - setups} entries{f' and {setups} caption setups' if setups else ''}: "
+              f"{damaged} damaged")
     return 1 if damaged else 0
 
 
-def _rm(store, args, out: Console) -> int:
-    keys = [store.resolve_prefix(k) for k in args.keys]  # all resolved before anything is deleted
-    for key in keys:
+def _remove(store, kind: str, key: str, out: Console) -> None:
+    if kind == "embeddings":
         store.remove(key)
         out.print(f"deleted {key}; the next `clipcache eval` that needs it re-encodes it")
+        return
+    from clipcache.storage.caption_admin import remove_setup
+
+    remove_setup(store.root, key)
+    out.print(f"deleted caption setup {key}; the next run that needs its captions generates them again (a VLM's: "
+              f"`clipcache convert` asks the API again)")
+
+
+def _rm(store, args, out: Console) -> int:
+    keys = [_resolve(store, k) for k in args.keys]  # all resolved before anything is deleted
+    for kind, key in keys:
+        _remove(store, kind, key, out)
     return 0
 
 
@@ -131,7 +183,9 @@ def _gc(store, args, out: Console) -> int:
         from clipcache.storage.errors import ConfigError
 
         raise ConfigError("cache gc: give --older_than, --max_size, --pattern and/or --partial")
-    infos = list_entries(store, include_partial=False)
+    from clipcache.storage.caption_admin import KIND, list_setups, remove_setup
+
+    infos = list_entries(store, include_partial=False) + list_setups(store.root)
     chosen = select_garbage(infos, parse_age(args.older_than) if args.older_than else None,
                             parse_size(args.max_size) if args.max_size else None, args.pattern)
     partial: set[str] = set()
@@ -147,10 +201,14 @@ def _gc(store, args, out: Console) -> int:
                       f"({human_bytes(info.bytes)})", highlight=False)
             freed, deleted = freed + info.bytes, deleted + 1
             continue
-        # never wait for, nor delete, what a running encode holds: its lock says it is in use
-        gone = store.remove(info.key, wait=False, partial_only=info.key in partial)
+        # never wait for, nor delete, what a running encode (or convert's captioner) holds: its lock says it is in use
+        if info.kind == KIND:
+            gone = remove_setup(store.root, info.key, wait=False)
+        else:
+            gone = store.remove(info.key, wait=False, partial_only=info.key in partial)
         if gone is None:
-            out.print(f"kept {info.key[:12]} {info.kind} {info.model} {info.dataset}: in use by a running encode",
+            out.print(f"kept {info.key[:12]} {info.kind} {info.model} {info.dataset}: in use by a running "
+                      f"{'convert or generation' if info.kind == KIND else 'encode'}",
                       highlight=False)
             continue
         out.print(f"deleted {info.key[:12]} {info.kind} {info.model} {info.dataset} ({human_bytes(gone)})",

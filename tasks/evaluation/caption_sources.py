@@ -137,7 +137,7 @@ def generate_missing(session: EncodeSession, dataset: EvalDataset, cache: Captio
                           f"captions written elsewhere with --caption_source")
     ready_to_generate(decoding["generation_type"])
     done: set[str] = set()
-    with progress.track(f"caption {dataset.name}", len(missing), "img") as advance:
+    with cache.holding(), progress.track(f"caption {dataset.name}", len(missing), "img") as advance:
         for lo in range(0, len(missing), batch_size):
             batch = missing[lo:lo + batch_size]
             pixels = torch.stack([model.image_transform(dataset.load_image(i)) for i in batch])

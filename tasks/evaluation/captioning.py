@@ -150,7 +150,7 @@ class Captioning(EvalTask["EvalDataset"]):
             cache = open_setup(cache_dir, source.removeprefix("cache:"))
         else:
             cache = CaptionCache(cache_dir, generation_setup(session, options.decoding()),
-                                 create=not settings.cached_only)
+                                 create=not settings.cached_only, label=session.resolved.display_name)
         data_key = digest({"images": dataset.image_identity(memo), "split": dataset.split, "n": n})
         memo.save()
         keys = image_keys(dataset, n, cache_dir, data_key, progress)
