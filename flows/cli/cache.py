@@ -90,7 +90,8 @@ def _ls(store, args, out: Console) -> int:
                       f"{i.count:,}", str(i.dim or ""), i.dtype, human_bytes(i.bytes), i.created, i.last_used)
     out.print(table)
     if setups:
-        table = Table(title=f"{len(setups)} caption setups, {human_bytes(sum(i.bytes for i in setups))}")
+        table = Table(title=f"{len(setups)} caption setup{'s' if len(setups) > 1 else ''}, "
+                            f"{human_bytes(sum(i.bytes for i in setups))}")
         for column in ("key", "model", "settings", "images", "size", "created", "last written"):
             table.add_column(column, justify="right" if column in ("images", "size") else "left",
                              overflow="fold")
