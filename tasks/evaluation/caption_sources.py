@@ -12,8 +12,9 @@ the model's preprocessed images, the ids decoded by open_clip's tokenizer, cut a
 open_clip 3.3.0's ``CoCa.generate`` imports its decoding pieces from transformers together with ``BeamSearchScorer``,
 which transformers 5 (the version clipcache pins) no longer has: the import fails as a whole and every
 ``generate()`` call asserts. :func:`ready_to_generate` hands open_clip the pieces transformers 5 still has, which is
-all that top-k and top-p decoding use; beam search (clip_benchmark's default) needs ``BeamSearchScorer`` and is
-refused with one line. The default decoding here is therefore top-k with k = 1 (greedy).
+all that top-k and top-p decoding use; beam search (clip_benchmark's default) runs clipcache's own implementation of
+open_clip's (tasks/evaluation/caption_beam_search.py, checked against open_clip's under transformers 4). The default
+decoding here stays top-k with k = 1 (greedy), see docs/captioning.md.
 """
 
 from __future__ import annotations
@@ -70,9 +71,8 @@ def ready_to_generate(generation_type: str) -> None:
     """Make open_clip's CoCa decoding usable with transformers 5 (see the module's docstring), or say why not."""
     from open_clip import coca_model
 
-    if generation_type == "beam_search" and getattr(coca_model, "BeamSearchScorer", None) is None:
-        raise ConfigError("caption_generation: beam_search needs transformers' BeamSearchScorer, which open_clip "
-                          "imports and transformers 5 no longer has; use top_k (caption_top_k 1: greedy) or top_p")
+    if generation_type == "beam_search":
+        return  # tasks/evaluation/caption_beam_search.py: no transformers needed
     if getattr(coca_model, "_has_transformers", True):
         return
     import transformers
@@ -165,6 +165,10 @@ def _generate(session: Any, module: Any, pixels: Any, decoding: dict[str, Any], 
     name = session.resolved.display_name
     try:
         with torch.no_grad(), autocast(session.device, session.amp):
+            if decoding["generation_type"] == "beam_search":  # ours: open_clip's needs transformers 4
+                from clipcache.tasks.evaluation.caption_beam_search import BEAM_DEFAULTS, beam_search
+
+                return beam_search(module, pixels.to(session.device), seq_len=decoding["seq_len"], **BEAM_DEFAULTS)
             return module.generate(pixels.to(session.device), **decoding)
     except (RuntimeError, AssertionError, ValueError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -64,9 +64,10 @@ class Captioning(EvalTask["EvalDataset"]):
             description="metric families: bleu, meteor, rouge, cider, spice (clip_benchmark's), clipscore (CLIPScore "
             "and RefCLIPScore with the run's model)")
         # clip_benchmark calls generate() with its defaults (beam search), which open_clip 3.3.0 cannot run with
-        # transformers 5 (tasks/evaluation/caption_sources.py): greedy top-k is the default here
+        # transformers 5; clipcache's beam search (caption_beam_search.py) stands in, greedy top-k is the default here
         caption_generation: Literal["top_k", "top_p", "beam_search"] = Field(
-            "top_k", description="open_clip generate()'s generation_type (beam_search needs transformers < 5)")
+            "top_k", description="open_clip generate()'s generation_type (beam_search: open_clip's 6 beams in 3 "
+            "groups, clipcache's implementation)")
         # open_clip's generate() asserts seq_len > min_seq_len (5: it forbids <end_of_text> before 5 tokens)
         caption_seq_len: int = Field(30, ge=6, le=76, description="open_clip generate()'s seq_len (6..76)")
         caption_top_p: float = Field(0.1, gt=0, le=1, description="open_clip generate()'s top_p (top_p sampling)")
@@ -74,6 +75,10 @@ class Captioning(EvalTask["EvalDataset"]):
         caption_temperature: float = Field(1.0, gt=0, description="open_clip generate()'s temperature")
 
         def decoding(self) -> dict[str, Any]:
+            if self.caption_generation == "beam_search":  # open_clip's beam search ignores top_p/top_k/temperature
+                from clipcache.tasks.evaluation.caption_beam_search import BEAM_DEFAULTS
+
+                return {"generation_type": "beam_search", "seq_len": self.caption_seq_len, **BEAM_DEFAULTS}
             return {"generation_type": self.caption_generation, "seq_len": self.caption_seq_len,
                     "top_p": self.caption_top_p, "top_k": self.caption_top_k,
                     "temperature": self.caption_temperature}
