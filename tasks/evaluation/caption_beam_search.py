@@ -82,8 +82,8 @@ def beam_search(module: Any, images: Any, *, seq_len: int, num_beams: int = 6, n
             totals = (step + scores[rows].unsqueeze(-1)).view(batch, group * vocab)
             top, flat = torch.topk(totals, 2 * group, dim=1, largest=True, sorted=True)
             origin, tokens = torch.div(flat, vocab, rounding_mode="floor"), flat % vocab
-            kept_scores, kept_tokens, kept_rows = _advance(hypotheses, done, g, group_ids, top, tokens, origin,
-                                                           pad=pad)
+            kept_scores, kept_tokens, kept_rows = _advance(hypotheses, done, g, group_ids, top=top, tokens=tokens,
+                                                           origin=origin, pad=pad)
             scores[rows] = kept_scores
             ids[rows] = group_ids[kept_rows]
             current[rows] = kept_tokens
@@ -93,8 +93,8 @@ def beam_search(module: Any, images: Any, *, seq_len: int, num_beams: int = 6, n
     return _finish(hypotheses, done, ids, scores, seq_len=seq_len, pad=pad)
 
 
-def _advance(hypotheses: list[list[_Hypotheses]], done: list[list[bool]], g: int, group_ids: Any, top: Any,
-             tokens: Any, origin: Any, *, pad: int) -> tuple[Any, Any, Any]:
+def _advance(hypotheses: list[list[_Hypotheses]], done: list[list[bool]], g: int, group_ids: Any, *, top: Any,
+             tokens: Any, origin: Any, pad: int) -> tuple[Any, Any, Any]:
     """One step of group ``g`` for every image: the continuations kept (scores, tokens, source rows within the
     group's rows), the hypotheses ended by ``<end_of_text>``, and whether the group is done."""
     import torch
