@@ -10,7 +10,8 @@ Views:
   latest completed reference run: full data (no sample limit), the dataset's own prompts, default task settings.
   Whole runs are chosen, not metric by metric, so a metric that the latest run no longer computes (recall@50 after
   ``--recall_k 1 5``) does not linger from an older run; dbt's ``latest_metrics`` mart uses the same rule.
-  Limited runs and what-ifs stay in ``metrics`` with their options as columns and never reach it.
+  Limited runs and what-ifs stay in ``metrics`` with their options as columns and never reach it. The view is
+  that mart's SQL rendered over ``metrics`` (storage/sql_rules.py): the rule is written once.
 
 DuckDB reads the files in place (no load step). A connection sees the files published when it was opened, minus
 those a compacted file has absorbed (storage/compaction.py). ``read_only=True`` (what ``clipcache query`` uses)
@@ -40,9 +41,10 @@ from clipcache.storage.results import (
     warehouse_dir,
 )
 from clipcache.storage.sample_metadata import register_view as register_metadata_view
+from clipcache.storage.sql_rules import create_view
 
-# A leaderboard entry: one latest reference run is chosen per grain (dbt_reports/models/marts/latest_metrics.sql).
-LEADERBOARD_GRAIN = ("model", "checkpoint", "dataset", "split", "language", "task", "precision")
+# A leaderboard entry: one latest reference run is chosen per (model, checkpoint, dataset, split, language, task,
+# precision): dbt_reports/models/marts/latest_metrics.sql, the one definition of that choice
 LEADERBOARD_COLUMNS = ("model", "pretrained", "checkpoint", "dataset", "split", "language", "task", "precision",
                        "metric", "k", "value", "ci_low", "ci_high", "n_samples", "tied_queries", "run_id", "created_at",
                        "experiment_id")
@@ -163,10 +165,8 @@ def _derived_views(con: duckdb.DuckDBPyConnection) -> None:
                 "b.value AS candidate_value FROM latest_samples a JOIN latest_samples b USING (unit, sample_index) "
                 "WHERE a.experiment_id = baseline AND b.experiment_id = candidate AND a.caption IS NOT NULL "
                 "AND b.caption IS NOT NULL ORDER BY unit, a.sample_index")
-    con.execute(f"CREATE VIEW leaderboard AS SELECT {', '.join(LEADERBOARD_COLUMNS)} FROM metrics "
-                f"WHERE sample_limit IS NULL AND default_prompts AND task_options = '{{}}' "
-                f"QUALIFY dense_rank() OVER (PARTITION BY {', '.join(LEADERBOARD_GRAIN)} "
-                f"ORDER BY created_at DESC, run_id DESC) = 1")
+    # the rule that picks a leaderboard entry's run is dbt's latest_metrics mart, rendered over `metrics`
+    create_view(con, "latest_metrics", columns=LEADERBOARD_COLUMNS)
 
 
 def _any_gone(folder: AnyPath, problems: list[str]) -> bool:

@@ -130,6 +130,9 @@ def test_sql_regroups_the_head_rows_as_the_hand_computation():
     con.executemany("INSERT INTO latest_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     con.register("_meta", metadata.table())
     con.execute("CREATE VIEW sample_metadata AS SELECT * FROM _meta")
+    # the experiment's model columns, which the group views show beside its id
+    con.execute("CREATE TABLE metrics AS SELECT 'e' AS experiment_id, 'tiny' AS model, "
+                "NULL::VARCHAR AS pretrained, NULL::VARCHAR AS checkpoint, 'fp32' AS precision")
     groups.register(con)
     in_sql = dict(con.execute("SELECT metric, value FROM group_metrics WHERE experiment_id = 'e'").fetchall())
     assert in_sql == pytest.approx(HAND, abs=1e-12) and set(in_sql) == set(HAND)

@@ -111,6 +111,9 @@ def hand_warehouse(metadata: SampleMetadata) -> duckdb.DuckDBPyConnection:
     table = metadata.table()
     con.register("_meta", table)
     con.execute("CREATE VIEW sample_metadata AS SELECT * FROM _meta")
+    # the experiment's model columns, which the group views show beside its id
+    con.execute("CREATE TABLE metrics AS SELECT 'e' AS experiment_id, 'tiny' AS model, "
+                "NULL::VARCHAR AS pretrained, NULL::VARCHAR AS checkpoint, 'fp32' AS precision")
     groups.register(con)
     return con
 
@@ -124,8 +127,8 @@ def test_sql_group_metrics_equal_the_hand_computation(name, metric, expected):
     metadata = SampleMetadata(name, "test", "hand", [f"k{i}" for i in range(6)], codes,
                               {fields[0]: {0: "A", 1: "B", 2: "C", 3: "D"}})
     con = hand_warehouse(metadata)
-    found = con.execute("SELECT metric, value, groups FROM group_metrics").fetchall()
-    assert [(m, pytest.approx(v, abs=1e-15)) for m, v, _ in found] == [(metric, expected)]
+    found = con.execute("SELECT metric, value, groups, model FROM group_metrics").fetchall()
+    assert [(m, pytest.approx(v, abs=1e-15), model) for m, v, _, model in found] == [(metric, expected, "tiny")]
     per_group = con.execute("SELECT code, label, n, acc1, acc5 FROM group_accuracy WHERE field = ? ORDER BY code",
                             [fields[0]]).fetchall()
     assert per_group == [(0, "A", 2, 0.5, 1.0), (1, "B", 2, 1.0, 1.0), (3, "D", 2, 0.5, 0.5)]  # no row for C

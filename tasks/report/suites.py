@@ -23,19 +23,13 @@ INTERVAL_COLUMNS = ("suite VARCHAR, model VARCHAR, pretrained VARCHAR, checkpoin
 
 
 def suite_vars() -> dict[str, Any]:
-    """``{"suite_datasets": [...]}`` for dbt's ``--vars``: every shipped suite's datasets, in suite order."""
+    """``{"suite_datasets": [...]}`` for dbt's ``--vars``: every shipped suite's datasets, in suite order (the rows of
+    the warehouse's ``suite_datasets`` table, tasks/suites/sql.py, with the tags as one text)."""
     from clipcache.tasks.suites import load_suite, shipped
+    from clipcache.tasks.suites.sql import suite_rows
 
-    rows = []
-    for name in shipped():
-        suite = load_suite(name)
-        for position, e in enumerate(suite.datasets):
-            for metric, k in e.metric_parts():
-                rows.append({"suite": suite.name, "position": position, "dataset": e.dataset, "name": e.label,
-                             "task": e.task, "main_metric": e.main_metric, "metric": metric, "k": k,
-                             "chance": e.chance, "split": e.split, "language": e.language,
-                             "tags": ", ".join(e.tags), "runnable": e.runnable})
-    return {"suite_datasets": rows}
+    return {"suite_datasets": [{**row, "tags": ", ".join(row["tags"])}
+                               for row in suite_rows([load_suite(name) for name in shipped()])]}
 
 
 def write_suite_intervals(database: Path, output_dir: str | Path, *, resamples: int = DEFAULT_RESAMPLES,

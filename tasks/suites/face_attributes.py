@@ -18,7 +18,8 @@ which are the ``n`` of the view here).
 
 The evaluation's per-sample rows are of unit ``face_<objective>`` (``face_race``, ``face_gender``, ``face_age``,
 ``face_toxic``): the sample and its head's argmax in ``prediction``. Each metric row carries a 95% bootstrap
-interval over index resamples of the faces (:func:`face_intervals`). Views (added by :func:`register`):
+interval over index resamples of the faces (:func:`face_intervals`). Views (added by :func:`register`), each the
+SQL of the dbt model of its name (``face_outcomes``: stg_face_outcomes) rendered by storage/sql_rules.py:
 
 - ``face_definitions``: (dataset, metric, head, rule, class_code, low, high, truth, by1, by2);
 - ``face_outcomes``: per (experiment, metric, sample): the head's prediction, the outcome and the group codes;
@@ -141,54 +142,12 @@ def face_intervals(dataset: str, positions: np.ndarray, predictions: dict[str, n
             face_draws(dataset, positions, predictions, metadata, resamples=resamples, seed=seed).items()}
 
 
-FACE_OUTCOMES = """
-CREATE OR REPLACE VIEW face_outcomes AS
-SELECT s.experiment_id, s.run_id, e.dataset, e.split, d.metric, s.sample_index, s.sample_key, s.prediction,
-       CAST(CASE d.rule
-            WHEN 'equals' THEN s.prediction = t.code
-            WHEN 'not_class' THEN CAST(s.prediction <> d.class_code AS BIGINT) = t.code
-            WHEN 'range' THEN s.prediction >= d.low AND (d.high IS NULL OR s.prediction < d.high)
-       END AS DOUBLE) AS outcome,
-       d.by1, g1.code AS code1, d.by2, g2.code AS code2
-FROM latest_samples s
-JOIN experiment_metadata e ON e.experiment_id = s.experiment_id AND e.run_id = s.run_id
-JOIN face_definitions d ON d.dataset = e.dataset AND s.unit = 'face_' || d.head
-LEFT JOIN sample_metadata t ON t.dataset_id = e.dataset_id AND t.sample_index = s.sample_index AND t.field = d.truth
-JOIN sample_metadata g1 ON g1.dataset_id = e.dataset_id AND g1.sample_index = s.sample_index AND g1.field = d.by1
-LEFT JOIN sample_metadata g2 ON g2.dataset_id = e.dataset_id AND g2.sample_index = s.sample_index
-     AND g2.field = d.by2
-"""
-
-FACE_GROUP_METRICS = """
-CREATE OR REPLACE VIEW face_group_metrics AS
-SELECT experiment_id, dataset, split, metric, by1, code1, by2, code2,
-       metric || '_' || CASE WHEN by2 IS NULL THEN by1 || ':' || code1
-                             ELSE by2 || ':' || code2 || '_' || by1 || ':' || code1 END AS name,
-       count(*) AS n, avg(outcome) AS value
-FROM face_outcomes
-GROUP BY experiment_id, dataset, split, metric, by1, code1, by2, code2
-"""
-
-FACE_METRICS = """
-CREATE OR REPLACE VIEW face_metrics AS
-WITH per_group AS (
-    SELECT experiment_id, dataset, split, metric, count(*) AS groups, min(value) AS worst
-    FROM face_group_metrics GROUP BY experiment_id, dataset, split, metric)
-SELECT o.experiment_id, o.dataset, o.split, o.metric || '_avg' AS metric, avg(o.outcome) AS value,
-       any_value(p.groups) AS groups
-FROM face_outcomes o JOIN per_group p USING (experiment_id, dataset, split, metric)
-GROUP BY o.experiment_id, o.dataset, o.split, o.metric
-UNION ALL
-SELECT experiment_id, dataset, split, name, value, 1 FROM face_group_metrics
-UNION ALL
-SELECT experiment_id, dataset, split, metric || '_wg', worst, groups FROM per_group
-"""
-
-
 def register(con: Any) -> None:
     """Add ``face_definitions`` and the face views (``experiment_metadata`` and ``sample_metadata`` must exist)."""
     con.execute("CREATE OR REPLACE TEMP TABLE face_definitions (dataset VARCHAR, metric VARCHAR, head VARCHAR, "
                 "rule VARCHAR, class_code BIGINT, low BIGINT, high BIGINT, truth VARCHAR, by1 VARCHAR, by2 VARCHAR)")
     con.executemany("INSERT INTO face_definitions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", definitions())
-    for sql in (FACE_OUTCOMES, FACE_GROUP_METRICS, FACE_METRICS):
-        con.execute(sql)
+    from clipcache.storage.sql_rules import create_view
+
+    for model in ("stg_face_outcomes", "face_group_metrics", "face_metrics"):  # their dbt models' SQL
+        create_view(con, model)

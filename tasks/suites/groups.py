@@ -16,21 +16,26 @@ metric names; which field each dataset is grouped by is data (tasks/datasets/dat
 
 The evaluation computes the same numbers from the same samples with NumPy (:func:`group_metrics`) and stores them
 as ordinary metric rows, so the JSON, the leaderboard and the suites have them; tests/test_group_metrics.py checks
-that the two agree. Each row carries a 95% percentile-bootstrap interval (:func:`group_statistics`: the metric
+both against the same hand computation. Each row carries a 95% percentile-bootstrap interval (:func:`group_statistics`: the metric
 recomputed on index resamples of the images, tasks/score/intervals.py ``GroupMeanStatistic`` and
 ``MacroF1Statistic``), and ``clipcache suite score`` resamples the same statistics from the warehouse's sample rows
 and metadata (tasks/suites/scoring.py); tests/test_group_intervals.py checks both against a brute-force loop.
 
-Views (added by :func:`register`, which tasks/suites/sql.py calls for ``clipcache query`` and ``clipcache.connect``):
+Views (added by :func:`register`, which tasks/suites/sql.py calls for ``clipcache query`` and ``clipcache.connect``);
+each is the SQL of the dbt model named beside it, rendered over the warehouse's relations (storage/sql_rules.py), so
+the views and the marts are one definition:
 
-- ``group_definitions``: (dataset, metric, statistic, field) per DataComp group metric;
+- ``group_definitions``: (dataset, metric, statistic, field) per DataComp group metric (a table, from the layouts);
+- ``experiment_models``: (experiment_id, model, pretrained, checkpoint, precision) (stg_experiment_models);
 - ``experiment_metadata``: (experiment_id, run_id, dataset_id, dataset, split): the metadata each experiment's
-  latest run was scored with;
+  latest run was scored with (stg_experiment_metadata);
 - ``sample_groups``: one row per (image sample row, metadata field) of each experiment's latest run, with the
-  field's ``code`` and ``label``;
-- ``group_accuracy``: per (experiment, field, code): ``n``, ``acc1``, ``acc5``;
+  field's ``code`` and ``label`` (stg_sample_groups);
+- ``group_accuracy``: per (experiment, field, code): ``n``, ``acc1``, ``acc5`` and the model columns
+  (group_accuracy);
 - ``group_metrics``: per experiment, DataComp's group metrics by name (``metric``, ``value``, ``groups``), with
-  FairFace's and UTKFace's (four heads per face: tasks/suites/face_attributes.py and its ``face_*`` views).
+  FairFace's and UTKFace's (four heads per face: tasks/suites/face_attributes.py and its ``face_*`` views)
+  (group_metrics).
 """
 
 from __future__ import annotations
@@ -170,64 +175,15 @@ def attach(evidence: Evidence, metrics: dict[str, float], dataset: str, metadata
     return {**metrics, **group_metrics(dataset, samples, metadata)}
 
 
-EXPERIMENT_METADATA = """
-CREATE OR REPLACE VIEW experiment_metadata AS
-SELECT l.experiment_id, l.run_id, m.dataset_id, m.dataset, m.split
-FROM latest_samples l JOIN (SELECT DISTINCT dataset_id, dataset, split FROM sample_metadata) m
-  ON m.dataset_id = l.sample_key
-WHERE l.unit = 'metadata'
-"""
-
-SAMPLE_GROUPS = """
-CREATE OR REPLACE VIEW sample_groups AS
-SELECT s.experiment_id, s.run_id, e.dataset, e.split, s.sample_index, s.sample_key, s.target, s.prediction,
-       s.correct1, s.correct5, m.field, m.code, m.label
-FROM latest_samples s
-JOIN experiment_metadata e ON e.experiment_id = s.experiment_id AND e.run_id = s.run_id
-JOIN sample_metadata m ON m.dataset_id = e.dataset_id AND m.sample_key = s.sample_key
-WHERE s.unit = 'image'
-"""
-
-GROUP_ACCURACY = """
-CREATE OR REPLACE VIEW group_accuracy AS
-SELECT experiment_id, dataset, split, field, code, any_value(label) AS label, count(*) AS n,
-       avg(CAST(correct1 AS DOUBLE)) AS acc1, avg(CAST(correct5 AS DOUBLE)) AS acc5
-FROM sample_groups
-GROUP BY experiment_id, dataset, split, field, code
-"""
-
-GROUP_METRICS = """
-CREATE OR REPLACE VIEW group_metrics AS
-WITH worst AS (
-    SELECT g.experiment_id, g.dataset, g.split, d.metric,
-           CASE d.statistic WHEN 'worst_acc1' THEN min(g.acc1) ELSE min(g.acc5) END AS value, count(*) AS groups
-    FROM group_accuracy g JOIN group_definitions d ON d.dataset = g.dataset AND d.field = g.field
-    WHERE d.statistic IN ('worst_acc1', 'worst_acc5')
-    GROUP BY g.experiment_id, g.dataset, g.split, d.metric, d.statistic
-    HAVING count(CASE d.statistic WHEN 'worst_acc1' THEN g.acc1 ELSE g.acc5 END) > 0),
-images AS (
-    SELECT e.experiment_id, e.dataset, e.split, s.target, s.prediction
-    FROM latest_samples s JOIN experiment_metadata e ON e.experiment_id = s.experiment_id AND e.run_id = s.run_id
-    WHERE s.unit = 'image'),
-classes AS (
-    SELECT experiment_id, dataset, split, target AS class, count(*) AS support,
-           count(*) FILTER (WHERE prediction = target) AS tp
-    FROM images GROUP BY experiment_id, dataset, split, target),
-predicted AS (
-    SELECT experiment_id, prediction AS class, count(*) AS predicted FROM images GROUP BY experiment_id, prediction),
-f1 AS (
-    SELECT c.experiment_id, c.dataset, c.split, d.metric,
-           avg(2.0 * c.tp / (coalesce(p.predicted, 0) + c.support)) AS value, count(*) AS groups
-    FROM classes c JOIN group_definitions d ON d.dataset = c.dataset AND d.statistic = 'macro_f1'
-    LEFT JOIN predicted p ON p.experiment_id = c.experiment_id AND p.class = c.class
-    GROUP BY c.experiment_id, c.dataset, c.split, d.metric)
-SELECT * FROM worst UNION ALL SELECT * FROM f1 UNION ALL SELECT * FROM face_metrics
-"""
+# the views, in the order they read each other: each renders its dbt model (storage/sql_rules.py)
+VIEWS = ("stg_experiment_models", "stg_experiment_metadata", "stg_sample_groups", "group_accuracy")
 
 
 def register(con: Any) -> None:
     """Add ``group_definitions`` and the group views to a warehouse connection (one without a ``sample_metadata``
     view gets an empty one)."""
+    from clipcache.storage.sql_rules import create_view
+
     present = {row[0] for row in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     if "sample_metadata" not in present:
         from clipcache.storage.sample_metadata import METADATA_SCHEMA
@@ -237,7 +193,7 @@ def register(con: Any) -> None:
     con.execute("CREATE OR REPLACE TEMP TABLE group_definitions (dataset VARCHAR, metric VARCHAR, "
                 "statistic VARCHAR, field VARCHAR)")
     con.executemany("INSERT INTO group_definitions VALUES (?, ?, ?, ?)", definitions())
-    for sql in (EXPERIMENT_METADATA, SAMPLE_GROUPS, GROUP_ACCURACY):
-        con.execute(sql)
+    for model in VIEWS:
+        create_view(con, model)
     face_attributes.register(con)  # FairFace / UTKFace: face_definitions, face_outcomes, ..., face_metrics
-    con.execute(GROUP_METRICS)
+    create_view(con, "group_metrics")

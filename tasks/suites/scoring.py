@@ -50,20 +50,18 @@ class DatasetResult:
     entry: SuiteEntry
     value: float | None = None
     experiment_id: str | None = None
+    normalized: float | None = None  # (value - chance) / (1 - chance), None without a chance score
     draws: np.ndarray | None = None  # the main metric on each resample; None: no per-sample rows to resample
     why_no_draws: str | None = None
-
-    @property
-    def normalized(self) -> float | None:
-        if self.value is None or self.entry.chance is None:
-            return None
-        return (self.value - self.entry.chance) / (1 - self.entry.chance)
 
 
 @dataclass
 class ModelScore:
     model: ModelKey
     results: list[DatasetResult]
+    score: float | None = None  # the suite score: only when every dataset has a result
+    normalized: float | None = None  # the normalised score, under the same rule
+    partial_score: float | None = None  # the mean over the present datasets, only when some are missing
     score_ci: Interval = (None, None)
     normalized_ci: Interval = (None, None)
     rank: int | None = None
@@ -88,23 +86,6 @@ class ModelScore:
     def present(self) -> list[DatasetResult]:
         return [r for r in self.results if r.value is not None]
 
-    @property
-    def score(self) -> float | None:
-        """The suite score: only when every dataset has a result."""
-        return self.partial_score if self.complete else None
-
-    @property
-    def partial_score(self) -> float | None:
-        values = [r.value for r in self.present if r.value is not None]
-        return float(np.mean(values)) if values else None
-
-    @property
-    def normalized(self) -> float | None:
-        values = [r.normalized for r in self.results]
-        if not self.complete or any(v is None for v in values):
-            return None
-        return float(np.mean([v for v in values if v is not None]))
-
     def suite_draws(self, normalized: bool = False) -> np.ndarray | None:
         """The suite mean on each resample; None unless every dataset has a result and resamples."""
         if not self.complete or any(r.draws is None for r in self.results):
@@ -125,33 +106,22 @@ def _seed(dataset: str, unit: str, seed: int) -> int:
     return (zlib.crc32(f"{dataset}\0{unit}".encode()) + seed) % (2**32)
 
 
-def _leaderboard_rows(con: Any, suite: Suite) -> list[dict[str, Any]]:
-    names = sorted({e.dataset for e in suite.datasets})
-    placeholders = ", ".join("?" for _ in names)
-    cursor = con.execute(
-        "SELECT model, pretrained, checkpoint, precision, dataset, split, language, task, metric, k, value, "
-        f"experiment_id FROM leaderboard WHERE dataset IN ({placeholders})", names)
-    columns = [d[0] for d in cursor.description]
-    return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+def _suite_rows(con: Any, suite: Suite) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the suite_results rows, the suite_scores rows) of ``suite`` alone: the dbt marts' SQL (the one definition
+    of a dataset's main metric and of the suite score, storage/sql_rules.py) over a table of this suite's datasets,
+    so a suite file that is not shipped is scored by the same rule."""
+    from clipcache.storage.sql_rules import render
+    from clipcache.tasks.suites.sql import add_suite_datasets
 
-
-def _main_value(entry: SuiteEntry, rows: list[dict[str, Any]]) -> tuple[float | None, str | None]:
-    """(the entry's main metric, its experiment) from one model's leaderboard rows, None when a part is missing."""
-    parts = entry.metric_parts()
-    mine = [r for r in rows if r["dataset"] == entry.dataset and r["split"] == entry.split
-            and r["language"] == entry.language and (entry.task == "auto" or r["task"] == entry.task)]
-    values = []
-    experiments = set()
-    for metric, k in parts:
-        found = [r for r in mine if r["metric"] == metric and r["k"] == k and r["value"] is not None]
-        if not found:
-            return None, None
-        newest = found[0]
-        values.append(float(newest["value"]))
-        experiments.add(newest["experiment_id"])
-    if len(experiments) != 1:  # both parts must come from one experiment
-        return None, None
-    return float(np.mean(values)), experiments.pop()
+    add_suite_datasets(con, [suite], "_scored_suite")
+    over = {"stg_suite_datasets": "_scored_suite", "suite_results": "_scored_suite_results"}
+    con.execute(f"CREATE OR REPLACE TEMP VIEW _scored_suite_results AS\n{render('suite_results', over)}")
+    out = []
+    for model in ("suite_results", "suite_scores"):
+        cursor = con.execute(render(model, over))
+        columns = [d[0] for d in cursor.description]
+        out.append([dict(zip(columns, row, strict=True)) for row in cursor.fetchall()])
+    return out[0], out[1]
 
 
 def _samples(con: Any, experiment_id: str, unit: str | None) -> dict[str, np.ndarray]:
@@ -258,22 +228,25 @@ def score_suite(con: Any, suite: Suite, *, resamples: int = DEFAULT_RESAMPLES, s
     or several is refused); ``model_names``: only models of these names as results store them."""
     from clipcache.tasks.report.selectors import keep_models
 
-    by_model: dict[ModelKey, list[dict[str, Any]]] = {}
-    for row in keep_models(_leaderboard_rows(con, suite), models):
+    results_rows, score_rows = _suite_rows(con, suite)
+    totals = {(r["model"], r["pretrained"], r["checkpoint"], r["precision"]): r for r in score_rows}
+    by_model: dict[ModelKey, dict[int, dict[str, Any]]] = {}
+    for row in keep_models(results_rows, models):
         if model_names is not None and row["model"] not in model_names:
             continue
         key = (row["model"], row["pretrained"], row["checkpoint"], row["precision"])
-        by_model.setdefault(key, []).append(row)
+        by_model.setdefault(key, {})[row["position"]] = row
     scores = []
     for key, rows in sorted(by_model.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         results = []
-        for entry in suite.datasets:
-            value, experiment = _main_value(entry, rows)
-            result = DatasetResult(entry, value, experiment)
-            if value is not None and resamples > 0:
+        for position, entry in enumerate(suite.datasets):
+            row = rows.get(position, {})
+            result = DatasetResult(entry, row.get("value"), row.get("experiment_id"), row.get("normalized"))
+            if result.value is not None and resamples > 0:
                 _draws(con, result, resamples, seed)
             results.append(result)
-        score = ModelScore(key, results)
+        total = totals[key]
+        score = ModelScore(key, results, total["score"], total["normalized"], total["partial_score"])
         for name, draws_of in (("score_ci", score.suite_draws(False)), ("normalized_ci", score.suite_draws(True))):
             if draws_of is not None:
                 setattr(score, name, percentile_interval(draws_of))

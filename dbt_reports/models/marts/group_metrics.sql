@@ -2,8 +2,8 @@
 -- worst-group top-1 / top-5 accuracy (acc_wg, acc_worst_region, acc_worst_year, acc_top5_wg: the lowest accuracy
 -- over the field's groups with samples), WILDS' macro F1 (F1-macro_all: the mean over the classes present in the
 -- targets of 2 tp / (predicted + support)), and the FairFace / UTKFace head metrics (<metric>_avg, per group,
--- <metric>_wg). The same rows as the warehouse's `group_metrics` view and the metric rows the evaluation writes
--- (NumPy, tasks/suites/groups.py); their bootstrap intervals are the metric rows' ci_low / ci_high.
+-- <metric>_wg: face_metrics). The warehouse's `group_metrics` view renders this file (storage/sql_rules.py); the
+-- evaluation's metric rows hold the same numbers (NumPy, tasks/suites/groups.py), with bootstrap intervals.
 with worst as (
     select g.experiment_id, g.dataset, g.split, d.metric,
         case d.statistic when 'worst_acc1' then min(g.acc1) else min(g.acc5) end as value,
@@ -41,36 +41,14 @@ f1 as (
     left join predicted p on p.experiment_id = c.experiment_id and p.class = c.class
     group by c.experiment_id, c.dataset, c.split, d.metric
 ),
-face_worst as (
-    select experiment_id, dataset, split, metric, count(*) as groups, min(value) as worst
-    from {{ ref('face_group_metrics') }}
-    group by experiment_id, dataset, split, metric
-),
-face as (
-    select o.experiment_id, o.dataset, o.split, o.metric || '_avg' as metric, avg(o.outcome) as value,
-        any_value(w.groups) as groups
-    from {{ ref('stg_face_outcomes') }} o
-    join face_worst w using (experiment_id, dataset, split, metric)
-    group by o.experiment_id, o.dataset, o.split, o.metric
-    union all
-    select experiment_id, dataset, split, name, value, 1 from {{ ref('face_group_metrics') }}
-    union all
-    select experiment_id, dataset, split, metric || '_wg', worst, groups from face_worst
-),
-experiments as (
-    select experiment_id, any_value(model) as model, any_value(pretrained) as pretrained,
-        any_value(checkpoint) as checkpoint, any_value(precision) as precision
-    from {{ ref('stg_metrics') }}
-    group by experiment_id
-),
 found as (
     select * from worst
     union all
     select * from f1
     union all
-    select * from face
+    select * from {{ ref('face_metrics') }}
 )
 select f.experiment_id, x.model, x.pretrained, x.checkpoint, x.precision, f.dataset, f.split, f.metric, f.value,
     f.groups
 from found f
-left join experiments x using (experiment_id)
+left join {{ ref('stg_experiment_models') }} x using (experiment_id)

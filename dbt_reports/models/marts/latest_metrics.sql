@@ -1,6 +1,6 @@
 -- The leaderboard's rows: per (model, checkpoint, dataset, split, language, task, precision) the latest completed
--- reference run (full data, the dataset's own prompts, default task settings), as the warehouse's `leaderboard`
--- view chooses them. Limited runs and what-ifs stay in stg_metrics and never get here.
+-- reference run (full data, the dataset's own prompts, default task settings). The warehouse's `leaderboard` view
+-- renders this file (storage/sql_rules.py). Limited runs and what-ifs stay in stg_metrics and never get here.
 with reference as (
     select *
     from {{ ref('stg_metrics') }}

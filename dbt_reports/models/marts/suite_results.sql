@@ -1,7 +1,7 @@
 -- Each model's main metric per suite dataset, from the leaderboard's rows (latest_metrics: the latest full-data,
--- default-prompt run), as the warehouse's `suite_results` view and `clipcache suite score` read it: a main metric
--- made of several metric rows (mean_recall@K) is their mean, and counts only when every part is present and all
--- parts come from one experiment. normalized: (value - chance) / (1 - chance), null without a chance score.
+-- default-prompt run): a main metric made of several metric rows (mean_recall@K) is their mean, and counts only
+-- when every part is present and all parts come from one experiment. The one definition: the warehouse's
+-- `suite_results` view and `clipcache suite score` render this file (storage/sql_rules.py). normalized: (value - chance) / (1 - chance), null without a chance score.
 with parts as (
     select *, count(*) over (partition by suite, dataset, split, language) as n_parts
     from {{ ref('stg_suite_datasets') }}

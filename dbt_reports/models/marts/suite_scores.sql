@@ -1,7 +1,7 @@
 -- Per suite and model (model, checkpoint, precision) with a result on at least one of the suite's datasets: the
 -- suite score = mean of the main metrics over EVERY dataset of the suite, and the normalised score = mean of
--- (value - chance) / (1 - chance), the same numbers as `clipcache suite score` and the warehouse's `suite_scores`
--- view. A model missing a dataset is partial: score and normalized are null, `coverage` says
+-- (value - chance) / (1 - chance): the one definition, which `clipcache suite score` and the warehouse's
+-- `suite_scores` view render (storage/sql_rules.py). A model missing a dataset is partial: score and normalized are null, `coverage` says
 -- 'partial: <present> of <datasets>', `missing` lists the datasets, and the mean over the present ones is in
 -- partial_score / partial_normalized only, never in score. Intervals and ranks (a bootstrap over the per-sample
 -- rows) are in `suite_intervals`, written beside these marts by `clipcache report` (tasks/report/suites.py).

@@ -1,5 +1,5 @@
 -- Per (experiment, face metric, face): the head's prediction, the 0/1 outcome of the metric's rule and the face's
--- group codes (the warehouse's `face_outcomes` view, tasks/suites/face_attributes.py).
+-- group codes (the warehouse's `face_outcomes` view renders this file).
 select
     s.experiment_id, s.run_id, e.dataset, e.split, d.metric, s.sample_index, s.sample_key, s.prediction,
     cast(case d.rule
