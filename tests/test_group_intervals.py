@@ -6,6 +6,7 @@ carry the intervals, and a suite whose main metrics are group metrics gets an in
 
 from __future__ import annotations
 
+import group_reference as reference
 import numpy as np
 import pytest
 from sklearn.metrics import f1_score
@@ -30,8 +31,8 @@ from clipcache.tasks.score.intervals import (
     percentile_interval,
     worst_group_statistic,
 )
-from clipcache.tasks.suites import Suite, SuiteEntry, groups, load_suite
-from clipcache.tasks.suites.face_attributes import face_draws, face_metrics, outcome
+from clipcache.tasks.suites import Suite, SuiteEntry, face_attributes, groups, load_suite
+from clipcache.tasks.suites.face_attributes import face_draws, outcome
 from clipcache.tasks.suites.scoring import _seed, score_suite
 
 
@@ -62,12 +63,12 @@ def test_point_estimates_equal_numpy_and_sklearn():
     s = synthetic()
     identity = np.arange(len(s["target"]))[None, :]
     f1 = macro_f1_statistic(s["target"], s["prediction"])(identity)[0]
-    assert f1 == pytest.approx(groups.macro_f1(s["target"], s["prediction"]), abs=1e-15)
+    assert f1 == pytest.approx(reference.macro_f1(s["target"], s["prediction"]), abs=1e-15)
     assert f1 == pytest.approx(f1_score(s["target"], s["prediction"], average="macro",
                                         labels=np.unique(s["target"])), abs=1e-15)
     for column in ("correct1", "correct5"):
         worst = worst_group_statistic(s[column], s["region"])(identity)[0]
-        assert worst == groups.worst_group(s[column], s["region"])
+        assert worst == reference.worst_group(s[column], s["region"])
     # the hand case of test_group_metrics: 32/45 and the tie of groups 0 and 3 at 0.5
     hand = np.arange(6)[None, :]
     assert macro_f1_statistic(TARGET, PREDICTION)(hand)[0] == pytest.approx(32 / 45, abs=1e-15)
@@ -81,11 +82,11 @@ def test_bootstrap_draws_equal_a_brute_force_loop(seed):
     n, resamples = len(s["target"]), 400
     cases = [
         (macro_f1_statistic(s["target"], s["prediction"]),
-         lambda row: groups.macro_f1(s["target"][row], s["prediction"][row])),
+         lambda row: reference.macro_f1(s["target"][row], s["prediction"][row])),
         (worst_group_statistic(s["correct1"], s["region"]),
-         lambda row: groups.worst_group(s["correct1"][row], s["region"][row])),
+         lambda row: reference.worst_group(s["correct1"][row], s["region"][row])),
         (worst_group_statistic(s["correct5"], s["region"]),
-         lambda row: groups.worst_group(s["correct5"][row], s["region"][row])),
+         lambda row: reference.worst_group(s["correct5"][row], s["region"][row])),
     ]
     for statistic, metric in cases:
         expected = brute_force(metric, n, resamples, seed)
@@ -107,8 +108,8 @@ def test_the_suite_scorer_and_the_metric_rows_draw_the_same_statistics():
     samples = {k: s[k] for k in ("sample_index", "target", "prediction", "correct1", "correct5")}
     evidence = classification_evidence(samples, 5, resamples=300)
     metrics = groups.attach(evidence, {}, name, metadata, samples, resamples=300)
-    expected = brute_force(lambda row: groups.worst_group(s["correct1"][row], s["region"][row]), 60, 300, 0)
-    assert metrics["acc_wg"] == groups.worst_group(s["correct1"], s["region"])
+    expected = brute_force(lambda row: reference.worst_group(s["correct1"][row], s["region"][row]), 60, 300, 0)
+    assert metrics["acc_wg"] == reference.worst_group(s["correct1"], s["region"])
     assert evidence.all_intervals()["acc_wg"] == pytest.approx(percentile_interval(expected), abs=1e-12)
     no_interval = classification_evidence(samples, 5, resamples=0)
     groups.attach(no_interval, {}, name, metadata, samples, resamples=0)
@@ -131,9 +132,12 @@ def test_face_draws_equal_face_metrics_on_each_explicit_resample():
     metadata, positions, predictions = face_case()
     n, resamples = len(positions), 200
     drawn = face_draws("fairness/fairface", positions, predictions, metadata, resamples=resamples, seed=4)
-    full = face_metrics("fairness/fairface", positions, predictions, metadata)
+    full = reference.face_metrics("fairness/fairface", positions, predictions, metadata)
+    # the package's own numbers (the SQL the warehouse runs) are the brute-force loop's
+    assert face_attributes.face_metrics("fairness/fairface", positions, predictions, metadata) == \
+        pytest.approx(full, abs=1e-12)
     assert set(drawn) == set(full)
-    brute = [face_metrics("fairness/fairface", positions[row], {h: p[row] for h, p in predictions.items()},
+    brute = [reference.face_metrics("fairness/fairface", positions[row], {h: p[row] for h, p in predictions.items()},
                           metadata) for row in explicit_indices(n, resamples, 4)]
     for metric, values in drawn.items():
         expected = np.array([b.get(metric, np.nan) for b in brute])  # a group a resample misses: no value
@@ -149,7 +153,7 @@ def test_face_worst_group_point_estimate_equals_the_hand_values():
         values = outcome(spec, HAND_PREDICTIONS[spec["head"]], truth)
         keys = np.stack([HAND_CODES[:, FIELDS.index(f)] for f in spec["by"]], axis=1)
         worst = worst_group_statistic(values, keys)(np.arange(4)[None, :])[0]
-        hand = face_metrics("fairness/fairface", np.arange(4), HAND_PREDICTIONS, metadata)
+        hand = reference.face_metrics("fairness/fairface", np.arange(4), HAND_PREDICTIONS, metadata)
         assert worst == hand[f"{spec['metric']}_wg"]
 
 
@@ -205,11 +209,11 @@ def reference_metric(dataset: str, metric: str, samples: dict[str, np.ndarray], 
     kind, by = groups.definition(dataset, metric)
     if kind == "macro_f1":
         target, prediction = samples["target"].astype(int), samples["prediction"].astype(int)
-        return lambda row: groups.macro_f1(target[row], prediction[row])
+        return lambda row: reference.macro_f1(target[row], prediction[row])
     fields = group_layouts()[dataset]["fields"]
     codes = np.array([copy[k][1][fields.index(by)] for k in samples["sample_key"]])
     correct = samples["correct1" if kind == "worst_acc1" else "correct5"].astype(float)
-    return lambda row: groups.worst_group(correct[row], codes[row])
+    return lambda row: reference.worst_group(correct[row], codes[row])
 
 
 @pytest.mark.parametrize("dataset", list(GROUP_SETS))
@@ -247,7 +251,7 @@ def test_face_metric_rows_carry_the_brute_force_interval(evaluated):
     codes = written["fairness/fairface"]
     metadata = SampleMetadata("fairness/fairface", "test", "hand", [f"f{i}" for i in range(len(codes))],
                               {f: codes[:, j] for j, f in enumerate(FIELDS)})
-    brute = [face_metrics("fairness/fairface", positions[row], {h: p[row] for h, p in predictions.items()}, metadata)
+    brute = [reference.face_metrics("fairness/fairface", positions[row], {h: p[row] for h, p in predictions.items()}, metadata)
              for row in explicit_indices(len(positions), DEFAULT_RESAMPLES, 0)]
     rows = {m: (v, lo, hi) for m, v, lo, hi in con.execute(
         "SELECT metric, value, ci_low, ci_high FROM metrics WHERE experiment_id = ?", [experiment]).fetchall()}

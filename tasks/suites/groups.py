@@ -14,10 +14,11 @@ metric names; which field each dataset is grouped by is data (tasks/datasets/dat
   labels=unique(y_true))``: the mean over the classes present in the targets of 2 tp / (2 tp + fp + fn) (a class
   never predicted scores 0; a prediction of a class absent from the targets counts only as a miss of its target).
 
-The evaluation computes the same numbers from the same samples with NumPy (:func:`group_metrics`) and stores them
-as ordinary metric rows, so the JSON, the leaderboard and the suites have them; tests/test_group_metrics.py checks
-both against the same hand computation. Each row carries a 95% percentile-bootstrap interval (:func:`group_statistics`: the metric
-recomputed on index resamples of the images, tasks/score/intervals.py ``GroupMeanStatistic`` and
+The evaluation computes them with the same SQL over the sample rows it writes (:func:`rule_metrics`: the
+``group_metrics`` view, the dbt model's SQL) and stores them as ordinary metric rows, so the JSON, the leaderboard
+and the suites have them; tests/test_group_metrics.py checks them against hand computations and scikit-learn.
+Each row carries a 95% percentile-bootstrap interval (:func:`group_statistics`: the metric recomputed on index
+resamples of the images, tasks/score/intervals.py ``GroupMeanStatistic`` and
 ``MacroF1Statistic``), and ``clipcache suite score`` resamples the same statistics from the warehouse's sample rows
 and metadata (tasks/suites/scoring.py); tests/test_group_intervals.py checks both against a brute-force loop.
 
@@ -80,50 +81,54 @@ def definition(dataset: str, metric: str) -> tuple[str, str | None] | None:
     return None
 
 
-def macro_f1(target: np.ndarray, prediction: np.ndarray) -> float:
-    """Mean over the classes present in ``target`` of 2 tp / (2 tp + fp + fn) = 2 tp / (predicted + support)."""
-    target, prediction = np.asarray(target, np.int64), np.asarray(prediction, np.int64)
-    if not len(target):
-        return 0.0  # WILDS' Metric.compute on empty inputs
-    classes = np.unique(target)
-    size = int(max(target.max(), prediction.max())) + 1
-    support = np.bincount(target, minlength=size)[classes]
-    predicted = np.bincount(prediction, minlength=size)[classes]
-    tp = np.bincount(target[target == prediction], minlength=size)[classes]
-    return float(np.mean(2.0 * tp / (predicted + support)))
+def rule_metrics(dataset: str, rows: dict[str, Any], metadata: SampleMetadata) -> dict[str, float]:
+    """The group metrics of one evaluation (DataComp's and the FairFace / UTKFace head metrics), computed by the
+    warehouse's own ``group_metrics`` view (its dbt model's SQL, storage/sql_rules.py) over the sample rows the
+    evaluation writes (``rows``: ``unit``, ``sample_index`` and, where the unit has them, ``target``,
+    ``prediction``, ``correct1``, ``correct5``) and the dataset's metadata: the numbers of the metric rows are
+    those the views and the marts give, from one definition."""
+    import duckdb
+    import pyarrow as pa
 
+    from clipcache.storage.sample_metadata import LINK_UNIT
 
-def group_accuracy(correct: np.ndarray, codes: np.ndarray) -> dict[int, tuple[int, float]]:
-    """code -> (samples, mean of ``correct``) for every group with samples."""
-    correct, codes = np.asarray(correct, np.float64), np.asarray(codes, np.int64)
-    out = {}
-    for code in np.unique(codes):
-        mask = codes == code
-        out[int(code)] = (int(mask.sum()), float(correct[mask].sum() / mask.sum()))
-    return out
+    index = np.asarray(rows["sample_index"], np.int64)
+    n = len(index)
+    if not n:
+        return {}
 
+    def column(name: str, kind: type) -> list[Any]:
+        values = rows.get(name)
+        return [*([None] * n if values is None else np.asarray(values).astype(kind).tolist()), None]
 
-def worst_group(correct: np.ndarray, codes: np.ndarray) -> float:
-    """The lowest per-group mean of ``correct`` over the groups with samples."""
-    return min(acc for _, acc in group_accuracy(correct, codes).values())
+    table = pa.table({"experiment_id": ["e"] * (n + 1), "run_id": ["r"] * (n + 1),
+                      "unit": [*rows["unit"], LINK_UNIT], "sample_index": [*index.tolist(), 0],
+                      "sample_key": [*(metadata.keys[i] for i in index), metadata.dataset_id],
+                      "target": pa.array(column("target", np.int64), pa.int64()),
+                      "prediction": pa.array(column("prediction", np.int64), pa.int64()),
+                      "correct1": pa.array(column("correct1", bool), pa.bool_()),
+                      "correct5": pa.array(column("correct5", bool), pa.bool_())})
+    con = duckdb.connect()
+    try:
+        con.register("_rows", table)
+        con.register("_metadata", metadata.table())
+        con.execute("CREATE VIEW latest_samples AS SELECT * FROM _rows")
+        con.execute("CREATE VIEW sample_metadata AS SELECT * FROM _metadata")
+        con.execute("CREATE VIEW metrics AS SELECT NULL::VARCHAR AS experiment_id, NULL::VARCHAR AS model, "
+                    "NULL::VARCHAR AS pretrained, NULL::VARCHAR AS checkpoint, NULL::VARCHAR AS precision "
+                    "WHERE false")
+        register(con)
+        found = con.execute("SELECT metric, value FROM group_metrics WHERE dataset = ?", [dataset]).fetchall()
+    finally:
+        con.close()
+    return {metric: float(value) for metric, value in found}
 
 
 def group_metrics(dataset: str, samples: dict[str, np.ndarray], metadata: SampleMetadata) -> dict[str, float]:
     """DataComp's group metrics of ``dataset`` from the evaluation's per-sample outcomes (``sample_index``,
-    ``target``, ``prediction``, ``correct1``, ``correct5``) and the dataset's metadata."""
-    positions = np.asarray(samples["sample_index"], np.int64)
-    out: dict[str, float] = {}
-    for name, metric, statistic, by in definitions():
-        if name != dataset:
-            continue
-        if statistic == "macro_f1":
-            out[metric] = macro_f1(samples["target"], samples["prediction"])
-            continue
-        column = "correct1" if statistic == "worst_acc1" else "correct5"
-        if column not in samples or by is None or not len(positions):
-            continue  # top-5 with fewer than 5 classes: not defined
-        out[metric] = worst_group(samples[column], metadata.codes[by][positions])
-    return out
+    ``target``, ``prediction``, ``correct1``, ``correct5``) and the dataset's metadata (:func:`rule_metrics`)."""
+    rows = {k: v for k, v in samples.items() if k in ("sample_index", "target", "prediction", "correct1", "correct5")}
+    return rule_metrics(dataset, {**rows, "unit": ["image"] * len(samples["sample_index"])}, metadata)
 
 
 def statistic(kind: str, samples: dict[str, np.ndarray], codes: np.ndarray | None) -> Statistic | None:
