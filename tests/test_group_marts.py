@@ -1,6 +1,8 @@
 """The group marts of the dbt project (issue #27): group_accuracy, face_group_metrics and group_metrics built by dbt
-from the warehouse's sample and sample_metadata files, equal on a real run to the warehouse's SQL views and to the
-metric rows the evaluation writes with NumPy; their schema tests run in the same `dbt build`."""
+from the warehouse's sample and sample_metadata files, equal on a real run to the metric rows the evaluation wrote
+(checked against scikit-learn and hand computations in test_group_metrics.py) and to the warehouse's views, which
+render the same model files for DuckDB (issue #41: one definition, two renderings, storage/sql_rules.py); their
+schema tests run in the same `dbt build`."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def _rows(con, sql: str) -> dict[tuple, tuple]:
 
 
 @pytest.mark.slow
-def test_group_marts_equal_the_sql_views_and_the_metric_rows(built):
+def test_group_marts_equal_the_metric_rows_and_the_views_rendered_from_the_same_files(built):
     out, database = built
     mart = duckdb.connect(str(database), read_only=True)
     view = connect(str(out))

@@ -103,6 +103,24 @@ def test_the_compare_pages_show_markup_in_names_captions_and_paths_as_text():
     assert "id='00-x-image-a-only'>2<" in index
 
 
+def test_the_captioning_compare_page_shows_each_image_with_both_captions():
+    """The page issue #43's caption rows will fill (not yet wired into `report --compare`: the sample rows do not
+    carry the caption text yet)."""
+    side = {"model": HOSTILE, "pretrained": None, "sample_limit": None, "dataset": "flickr8k", "split": "test",
+            "language": "en", "precision": "fp32", "task": "captioning", "experiment_id": "e1"}
+    rows = [flip_pages.CaptionRow(0, HOSTILE, "a red circle", {"cider": 0.5}, {"cider": 1.25}),
+            flip_pages.CaptionRow(1, "a blue square", None, {}, {"cider": 0.0})]
+    page = flip_pages.CaptionPage("00-flickr8k.html", side, {**side, "model": "b", "experiment_id": "e2"}, rows,
+                                  ["cider"], DatasetView(), {0: "thumbs/0.jpg"})
+    html = flip_pages.render_caption_page(page, "a", "b")
+    assert_text_only(html)
+    body = re.findall(r"<tr><td>(<img[^>]*>|<span class='noimg'[^<]*</span>)</td><td>([^<]*)</td><td>([^<]*)</td>"
+                      r"<td class='num'>([^<]*)</td><td class='num'>([^<]*)</td></tr>", html)
+    assert body == [("<img class='thumb' src='thumbs/0.jpg' alt='image 0' title='image 0'>", ESCAPED,
+                     "a red circle", "0.5000", "1.2500"),
+                    ("<span class='noimg' title='image 1'>#1</span>", "a blue square", "", "–", "0.0000")]
+
+
 def test_templates_autoescape_and_ship_with_the_package():
     env = environment()
     assert env.autoescape is True

@@ -34,6 +34,33 @@ class PairPage:
     thumbs: dict[int, str] = field(default_factory=dict)  # image index -> path relative to the page
 
 
+@dataclass
+class CaptionRow:
+    """One image of a captioning comparison: each side's caption and its per-image scores (metric -> value)."""
+
+    sample_index: int
+    a_caption: str | None
+    b_caption: str | None
+    a_scores: dict[str, float] = field(default_factory=dict)
+    b_scores: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class CaptionPage:
+    """A captioning comparison page: experiments A and B of ``--task captioning`` on one dataset, each image with
+    both captions. The hook for issue #43's per-image caption text: once the sample rows carry each image's
+    generated caption, ``compare_report`` builds one of these for a captioning pair (which has no right-or-wrong
+    flips) from both sides' rows; the page itself is ready (compare_captions.html.j2, tested with hand-made rows)."""
+
+    file: str
+    a: dict[str, Any]
+    b: dict[str, Any]
+    rows: list[CaptionRow]
+    metrics: list[str] = field(default_factory=list)  # the per-image scores shown, in order
+    view: DatasetView = field(default_factory=DatasetView)
+    thumbs: dict[int, str] = field(default_factory=dict)
+
+
 def side_label(experiment: dict[str, Any]) -> str:
     label = str(experiment["model"]) + (f" @ {experiment['pretrained']}" if experiment.get("pretrained") else "")
     return label + (f" (limit {experiment['sample_limit']})" if experiment.get("sample_limit") is not None else "")
@@ -86,6 +113,16 @@ def render_pair_page(page: PairPage, a_selector: str, b_selector: str) -> str:
                   sides=[(side, selector, side_label(e), e["experiment_id"])
                          for side, selector, e in (("A", a_selector, a), ("B", b_selector, b))],
                   table_of=table_of, unit_titles=UNIT_TITLES)
+
+
+def render_caption_page(page: CaptionPage, a_selector: str, b_selector: str) -> str:
+    from clipcache.tasks.report.pages import render
+
+    a, b = page.a, page.b
+    return render("compare_captions.html.j2", page=page,
+                  title=f"{dataset_label(a)} · {a['task']}: {side_label(a)} vs {side_label(b)}",
+                  sides=[(side, selector, side_label(e), e["experiment_id"])
+                         for side, selector, e in (("A", a_selector, a), ("B", b_selector, b))])
 
 
 def render_index(pages: list[PairPage], skipped: list[tuple[dict[str, Any], dict[str, Any]]], a_selector: str,
