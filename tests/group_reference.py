@@ -4,10 +4,12 @@ over the definitions (DataComp's, WILDS', scikit-learn's macro F1) check its num
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from clipcache.storage.sample_metadata import SampleMetadata
-from clipcache.tasks.suites.face_attributes import _outcomes, group_name, head_metrics
+from clipcache.tasks.suites.face_attributes import head_metrics
 
 
 def macro_f1(target: np.ndarray, prediction: np.ndarray) -> float:
@@ -36,6 +38,32 @@ def group_accuracy(correct: np.ndarray, codes: np.ndarray) -> dict[int, tuple[in
 def worst_group(correct: np.ndarray, codes: np.ndarray) -> float:
     """The lowest per-group mean of ``correct`` over the groups with samples."""
     return min(acc for _, acc in group_accuracy(correct, codes).values())
+
+
+def outcome(spec: dict[str, Any], prediction: np.ndarray, truth: np.ndarray | None) -> np.ndarray:
+    """Each sample's 0/1 outcome under ``spec``'s rule (see the module's docstring)."""
+    prediction = np.asarray(prediction, np.int64)
+    if spec["rule"] == "equals" and truth is not None:
+        return (prediction == truth).astype(np.float64)
+    if spec["rule"] == "not_class" and truth is not None:
+        return ((prediction != spec["class"]).astype(np.int64) == truth).astype(np.float64)
+    if spec["rule"] == "range":
+        high = spec.get("high")
+        return ((prediction >= spec["low"]) & ((prediction < high) if high is not None else True)).astype(np.float64)
+    raise ValueError(f"face metric {spec['metric']!r}: unknown rule {spec['rule']!r} (or no truth field)")
+
+
+def group_name(by: list[str], codes: tuple[int, ...]) -> str:
+    """WILDS' group_field_str: ``field:code`` per field, last field first, joined by ``_``."""
+    return "_".join(f"{f}:{c}" for f, c in reversed(list(zip(by, codes, strict=True))))
+
+
+def _outcomes(spec: dict[str, Any], positions: np.ndarray, predictions: dict[str, np.ndarray],
+              metadata: SampleMetadata) -> tuple[np.ndarray, np.ndarray]:
+    """(each sample's outcome under ``spec``, its group key: one code per ``by`` field)."""
+    truth = metadata.codes[spec["truth"]][positions] if spec.get("truth") else None
+    values = outcome(spec, predictions[spec["head"]], truth)
+    return values, np.stack([metadata.codes[f][positions] for f in spec["by"]], axis=1)
 
 
 def face_metrics(dataset: str, positions: np.ndarray, predictions: dict[str, np.ndarray],

@@ -32,7 +32,7 @@ from clipcache.tasks.score.intervals import (
     worst_group_statistic,
 )
 from clipcache.tasks.suites import Suite, SuiteEntry, face_attributes, groups, load_suite
-from clipcache.tasks.suites.face_attributes import face_draws, outcome
+from clipcache.tasks.suites.face_attributes import face_draws
 from clipcache.tasks.suites.scoring import _seed, score_suite
 
 
@@ -150,7 +150,7 @@ def test_face_worst_group_point_estimate_equals_the_hand_values():
     metadata = hand_metadata()
     for spec in group_layouts()["fairness/fairface"]["head_metrics"]:
         truth = metadata.codes[spec["truth"]] if spec.get("truth") else None
-        values = outcome(spec, HAND_PREDICTIONS[spec["head"]], truth)
+        values = reference.outcome(spec, HAND_PREDICTIONS[spec["head"]], truth)
         keys = np.stack([HAND_CODES[:, FIELDS.index(f)] for f in spec["by"]], axis=1)
         worst = worst_group_statistic(values, keys)(np.arange(4)[None, :])[0]
         hand = reference.face_metrics("fairness/fairface", np.arange(4), HAND_PREDICTIONS, metadata)

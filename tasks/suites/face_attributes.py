@@ -18,8 +18,10 @@ toxicity rates too). A group without samples has no row (DataComp writes NaN for
 which are the ``n`` of the view here).
 
 The evaluation's per-sample rows are of unit ``face_<objective>`` (``face_race``, ``face_gender``, ``face_age``,
-``face_toxic``): the sample and its head's argmax in ``prediction``. Each metric row carries a 95% bootstrap
-interval over index resamples of the faces (:func:`face_intervals`). Views (added by :func:`register`), each the
+``face_toxic``): the sample and its head's argmax in ``prediction``. The evaluation computes the metric rows with
+the views below over those rows (:func:`face_metrics`), and each carries a 95% bootstrap interval over index
+resamples of the faces (:func:`face_intervals`), drawn in NumPy from the outcomes and group names those views give
+(:func:`face_outcomes`): the rules themselves exist once, in SQL. Views (added by :func:`register`), each the
 SQL of the dbt model of its name (``face_outcomes``: stg_face_outcomes) rendered by storage/sql_rules.py:
 
 - ``face_definitions``: (dataset, metric, head, rule, class_code, low, high, truth, by1, by2);
@@ -58,30 +60,13 @@ def definitions() -> list[tuple[Any, ...]]:
             for name, entry in sorted(group_layouts().items()) for m in entry.get("head_metrics", [])]
 
 
-def outcome(spec: dict[str, Any], prediction: np.ndarray, truth: np.ndarray | None) -> np.ndarray:
-    """Each sample's 0/1 outcome under ``spec``'s rule (see the module's docstring)."""
-    prediction = np.asarray(prediction, np.int64)
-    if spec["rule"] == "equals" and truth is not None:
-        return (prediction == truth).astype(np.float64)
-    if spec["rule"] == "not_class" and truth is not None:
-        return ((prediction != spec["class"]).astype(np.int64) == truth).astype(np.float64)
-    if spec["rule"] == "range":
-        high = spec.get("high")
-        return ((prediction >= spec["low"]) & ((prediction < high) if high is not None else True)).astype(np.float64)
-    raise ValueError(f"face metric {spec['metric']!r}: unknown rule {spec['rule']!r} (or no truth field)")
-
-
-def group_name(by: list[str], codes: tuple[int, ...]) -> str:
-    """WILDS' group_field_str: ``field:code`` per field, last field first, joined by ``_``."""
-    return "_".join(f"{f}:{c}" for f, c in reversed(list(zip(by, codes, strict=True))))
-
-
-def _outcomes(spec: dict[str, Any], positions: np.ndarray, predictions: dict[str, np.ndarray],
-              metadata: SampleMetadata) -> tuple[np.ndarray, np.ndarray]:
-    """(each sample's outcome under ``spec``, its group key: one code per ``by`` field)."""
-    truth = metadata.codes[spec["truth"]][positions] if spec.get("truth") else None
-    values = outcome(spec, predictions[spec["head"]], truth)
-    return values, np.stack([metadata.codes[f][positions] for f in spec["by"]], axis=1)
+def _rows(dataset: str, positions: np.ndarray, predictions: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The sample rows the evaluation writes: per head, unit ``face_<head>``, the faces and the head's argmax."""
+    heads = sorted({spec["head"] for spec in head_metrics(dataset)})
+    return {"unit": [f"{UNIT_PREFIX}{h}" for h in heads for _ in positions],
+            "sample_index": np.concatenate([positions for _ in heads]) if heads else positions[:0],
+            "prediction": np.concatenate([np.asarray(predictions[h], np.int64) for h in heads]) if heads
+            else positions[:0]}
 
 
 def face_metrics(dataset: str, positions: np.ndarray, predictions: dict[str, np.ndarray],
@@ -91,12 +76,33 @@ def face_metrics(dataset: str, positions: np.ndarray, predictions: dict[str, np.
     from clipcache.tasks.suites.groups import rule_metrics
 
     positions = np.asarray(positions, np.int64)
-    heads = sorted({spec["head"] for spec in head_metrics(dataset)})
-    rows = {"unit": [f"{UNIT_PREFIX}{h}" for h in heads for _ in positions],
-            "sample_index": np.concatenate([positions for _ in heads]) if heads else positions[:0],
-            "prediction": np.concatenate([np.asarray(predictions[h], np.int64) for h in heads]) if heads
-            else positions[:0]}
-    return rule_metrics(dataset, rows, metadata)
+    return rule_metrics(dataset, _rows(dataset, positions, predictions), metadata)
+
+
+def face_outcomes(dataset: str, positions: np.ndarray, predictions: dict[str, np.ndarray],
+                  metadata: SampleMetadata) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
+    """metric -> (each face's 0/1 outcome, in ``positions`` order; its group key, one code per ``by`` field; each
+    key's metric name, DataComp's), read from the ``face_outcomes`` and ``face_group_metrics`` views (the dbt models'
+    SQL) over the rows the evaluation writes: the rule of an outcome and of a group's name is the SQL's."""
+    from clipcache.tasks.suites.groups import rule_connection
+
+    with rule_connection(_rows(dataset, positions, predictions), metadata) as con:
+        found = con.execute(
+            "SELECT o.metric, o.sample_index, o.outcome, o.code1, coalesce(o.code2, 0), g.name "
+            "FROM face_outcomes o JOIN face_group_metrics g ON g.metric = o.metric AND g.by1 = o.by1 "
+            "AND g.code1 = o.code1 AND g.by2 IS NOT DISTINCT FROM o.by2 AND g.code2 IS NOT DISTINCT FROM o.code2 "
+            "WHERE o.dataset = ? ORDER BY o.metric, o.sample_index", [dataset]).fetchall()
+    order = {int(p): i for i, p in enumerate(positions)}
+    out: dict[str, tuple[np.ndarray, np.ndarray, list[str]]] = {}
+    for spec in head_metrics(dataset):
+        mine = [r for r in found if r[0] == spec["metric"]]
+        at = np.array([order[r[1]] for r in mine], np.int64)
+        values, keys = np.zeros(len(positions)), np.zeros((len(positions), len(spec["by"])), np.int64)
+        values[at] = [r[2] for r in mine]
+        keys[at] = [r[3:3 + len(spec["by"])] for r in mine]
+        names = {tuple(int(c) for c in r[3:3 + len(spec["by"])]): r[5] for r in mine}
+        out[spec["metric"]] = (values, keys, [names[k] for k in sorted(names)])
+    return out
 
 
 def face_draws(dataset: str, positions: np.ndarray, predictions: dict[str, np.ndarray], metadata: SampleMetadata,
@@ -113,8 +119,9 @@ def face_draws(dataset: str, positions: np.ndarray, predictions: dict[str, np.nd
     n = len(positions)
     if not n or resamples <= 0:
         return out
+    outcomes = face_outcomes(dataset, positions, predictions, metadata)
     for spec in head_metrics(dataset):
-        values, keys = _outcomes(spec, positions, predictions, metadata)
+        values, keys, names = outcomes[spec["metric"]]
         groups = worst_group_statistic(values, keys)
 
         def columns(idx: np.ndarray, values: np.ndarray = values, groups: Any = groups) -> np.ndarray:
@@ -122,9 +129,8 @@ def face_draws(dataset: str, positions: np.ndarray, predictions: dict[str, np.nd
             return np.column_stack([values[idx].mean(axis=1), table, worst_of(table)])
 
         drawn = column_draws(columns, n, resamples=resamples, seed=seed)
-        names = [group_name(spec["by"], tuple(int(k) for k in key)) for key in groups.groups]
         out[f"{spec['metric']}_avg"] = drawn[:, 0]
-        out.update({f"{spec['metric']}_{g}": drawn[:, 1 + j] for j, g in enumerate(names)})
+        out.update({name: drawn[:, 1 + j] for j, name in enumerate(names)})
         out[f"{spec['metric']}_wg"] = drawn[:, -1]
     return out
 

@@ -41,6 +41,8 @@ the views and the marts are one definition:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -81,12 +83,13 @@ def definition(dataset: str, metric: str) -> tuple[str, str | None] | None:
     return None
 
 
-def rule_metrics(dataset: str, rows: dict[str, Any], metadata: SampleMetadata) -> dict[str, float]:
-    """The group metrics of one evaluation (DataComp's and the FairFace / UTKFace head metrics), computed by the
-    warehouse's own ``group_metrics`` view (its dbt model's SQL, storage/sql_rules.py) over the sample rows the
-    evaluation writes (``rows``: ``unit``, ``sample_index`` and, where the unit has them, ``target``,
-    ``prediction``, ``correct1``, ``correct5``) and the dataset's metadata: the numbers of the metric rows are
-    those the views and the marts give, from one definition."""
+@contextlib.contextmanager
+def rule_connection(rows: dict[str, Any], metadata: SampleMetadata) -> Iterator[Any]:
+    """An in-memory DuckDB holding one evaluation's sample rows as experiment ``e``'s ``latest_samples`` (``rows``:
+    ``unit``, ``sample_index`` and, where the unit has them, ``target``, ``prediction``, ``correct1``,
+    ``correct5``; the row of unit ``metadata`` linking ``metadata`` is added) and ``metadata`` as
+    ``sample_metadata``, with the warehouse's group views (:func:`register`: the dbt models' SQL), so the evaluation
+    computes its numbers with the rules the views and the marts use."""
     import duckdb
     import pyarrow as pa
 
@@ -94,8 +97,6 @@ def rule_metrics(dataset: str, rows: dict[str, Any], metadata: SampleMetadata) -
 
     index = np.asarray(rows["sample_index"], np.int64)
     n = len(index)
-    if not n:
-        return {}
 
     def column(name: str, kind: type) -> list[Any]:
         values = rows.get(name)
@@ -108,7 +109,7 @@ def rule_metrics(dataset: str, rows: dict[str, Any], metadata: SampleMetadata) -
                       "prediction": pa.array(column("prediction", np.int64), pa.int64()),
                       "correct1": pa.array(column("correct1", bool), pa.bool_()),
                       "correct5": pa.array(column("correct5", bool), pa.bool_())})
-    con = duckdb.connect()
+    con = duckdb.connect(config={"threads": 1})  # a small query: threads would only contend with the encoders
     try:
         con.register("_rows", table)
         con.register("_metadata", metadata.table())
@@ -118,9 +119,19 @@ def rule_metrics(dataset: str, rows: dict[str, Any], metadata: SampleMetadata) -
                     "NULL::VARCHAR AS pretrained, NULL::VARCHAR AS checkpoint, NULL::VARCHAR AS precision "
                     "WHERE false")
         register(con)
-        found = con.execute("SELECT metric, value FROM group_metrics WHERE dataset = ?", [dataset]).fetchall()
+        yield con
     finally:
         con.close()
+
+
+def rule_metrics(dataset: str, rows: dict[str, Any], metadata: SampleMetadata) -> dict[str, float]:
+    """The group metrics of one evaluation (DataComp's and the FairFace / UTKFace head metrics), computed by the
+    warehouse's own ``group_metrics`` view over the sample rows it writes (:func:`rule_connection`): the numbers of
+    the metric rows are those the views and the marts give, from one definition."""
+    if not len(rows["sample_index"]):
+        return {}
+    with rule_connection(rows, metadata) as con:
+        found = con.execute("SELECT metric, value FROM group_metrics WHERE dataset = ?", [dataset]).fetchall()
     return {metric: float(value) for metric, value in found}
 
 
