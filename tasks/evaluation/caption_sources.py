@@ -152,7 +152,7 @@ def generate_missing(session: EncodeSession, dataset: EvalDataset, cache: Captio
     return len(missing)
 
 
-def _generate(session: Any, module: Any, pixels: Any, decoding: dict[str, Any], *, where: str) -> Any:
+def _generate(session: EncodeSession, module: Any, pixels: Any, decoding: dict[str, Any], *, where: str) -> Any:
     """``module.generate`` on one batch. A model whose outputs are not numbers (NaN or infinite weights or
     activations: open_clip samples the next token with ``torch.multinomial``, which refuses such probabilities) or
     that open_clip's decoding refuses (its asserts, its ValueError) stops the run in one line naming the model and
