@@ -73,12 +73,17 @@ class TaskOptions(BaseModel):
     """The settings that change one task's numbers: each task declares its own as a subclass (``EvalTask.Options``),
     and each default is written there only. The CLI flags, their validation, the experiment's options (the values
     that differ from these defaults) and the rescore hint are derived from the model. A task without options has
-    this empty one."""
+    this empty one.
+
+    Each field is also a run parameter (a flag, a config key, a deployment parameter) named as the field: options of
+    several tasks that share a name share the parameter and must be declared alike (flows/config/task_params.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # the options its encode step reads (they choose which cache entries exist: a rescore's hint names them)
     encode_fields: ClassVar[tuple[str, ...]] = ()
+    # the options a run may give several values of, one experiment per value (name -> what several values give)
+    swept: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def of(cls, settings: EncodeSettings | ScoreSettings) -> Self:

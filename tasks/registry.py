@@ -71,6 +71,13 @@ class Registry(Generic[T]):
         self._load_plugins()
         return sorted(self._entries)
 
+    def in_order(self, plugins: bool = True) -> list[str]:
+        """The names in the order they were registered (installed plugins' after clipcache's own; with
+        ``plugins=False`` the entry points are not read)."""
+        if plugins:
+            self._load_plugins()
+        return list(self._entries)
+
     def origin(self, name: str) -> str:
         self._load_plugins()
         return self._origin[name]

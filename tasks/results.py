@@ -120,9 +120,11 @@ def metric_rows(run: RunInfo, experiment: Experiment, *, model_fingerprint: str,
     common = {"run_id": run.run_id, "created_at": run.created_at, **experiment.columns(),
               "model_fingerprint": model_fingerprint, "n_samples": n_samples, "cache_keys": cache_keys,
               "clipcache_version": clipcache_version()}
-    rows = []
+    from clipcache.tasks.evaluation import metric_catalog
+
+    known, rows = metric_catalog(), []
     for flat, value in metrics.items():
-        info, k = split_metric_name(flat)
+        info, k = split_metric_name(flat, known)
         rows.append({**common, "metric": info.name, "k": k, "higher_is_better": info.higher_is_better,
                      "value": None if value is None or (isinstance(value, float) and math.isnan(value)) else
                      float(value), "tied_queries": tied.get(flat),

@@ -104,3 +104,14 @@ def test_no_help_text_shows_a_doubled_percent():
     assert len(parsers) > 20 and {"eval", "compare", "suite", "suite score"} <= {p for p, _ in parsers}
     for path, parser in parsers:
         assert "%%" not in parser.format_help(), path
+
+
+def test_plugin_task_flags_are_looked_up_only_when_the_arguments_may_use_them():
+    """Reading the installed packages' entry points costs more than the stored flags: an ordinary command line never
+    pays it; --help, a flag the stored ones lack, or unknown arguments (a parser built for tests) do."""
+    stored = {name for call in cli_flags.stored_description() for name in call["names"]}
+    assert not cli_flags.wants_plugin_flags(["eval", "--model", "m", "--fewshot_k", "1", "5", "--seed=3"], stored)
+    assert cli_flags.wants_plugin_flags(["eval", "--help"], stored)
+    assert cli_flags.wants_plugin_flags(["eval", "--image_knn_include_self"], stored)
+    assert cli_flags.wants_plugin_flags(None, stored)
+    assert "options of tasks from plugins" not in stored_parser().format_help()  # no plugin task installed here

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from clipcache.flows.config.params import EvaluateParams
 from clipcache.tasks.datasets import DATASETS
 from clipcache.tasks.evaluation import TASKS
 from clipcache.tasks.models import LOADERS
@@ -62,8 +63,8 @@ def run_examples(tmp_path, monkeypatch):
 
 
 def test_every_example_is_run_by_a_test():
-    ran = {"task-define", "task-check", "task-run", "task-cli", "dataset-reader", "dataset-data", "dataset-cli",
-           "model-loader", "model-cli"}
+    ran = {"task-define", "task-check", "task-run", "task-cli", "task-option", "dataset-reader", "dataset-data",
+           "dataset-cli", "model-loader", "model-cli"}
     assert set(examples()) == ran
 
 
@@ -75,6 +76,36 @@ def test_new_task_checked_and_run_with_evaluate_one(run_examples):
 def test_new_task_through_the_cli_shares_the_image_entry(run_examples):
     run_examples("task-define", "task-cli")
     assert Path("outputs/tiny-shapes-clip/shapes_zeroshot_classification.limit300.json").is_file()
+
+
+def test_new_task_option_is_a_flag_and_another_experiment(run_examples):
+    run_examples("task-define", "task-cli", "task-option")
+
+
+def test_a_new_task_with_options_touches_no_other_file(run_examples):
+    """The task's module and its registration are all it takes: its option is a run parameter and a flag, its metric
+    is in the catalog, and nothing stored or listed by hand (flows/eval_flags.json, the parameter model, METRICS)
+    has to change with it."""
+    from clipcache.flows.cli import flags as cli_flags
+    from clipcache.flows.config.params import EvaluateParams
+    from clipcache.tasks.evaluation import metric_catalog
+
+    run_examples("task-define")
+    assert "image_knn_include_self" in EvaluateParams.for_registry().model_fields
+    assert "image_knn_include_self" not in EvaluateParams.model_fields  # clipcache's own model is left as it was
+    assert metric_catalog()["image_knn_precision"].higher_is_better and "image_knn_precision" not in METRICS
+    assert cli_flags.stored_description() == cli_flags.live_description()
+    flags = {s for a in cli_flags_parser()._actions for s in a.option_strings}
+    assert "--image_knn_include_self" in flags
+
+
+def cli_flags_parser():
+    from clipcache.flows.cli import app
+    from clipcache.flows.cli import flags as cli_flags
+
+    parser = app.OneLineParser(prog="clipcache eval")
+    cli_flags.add_flags(parser)
+    return parser
 
 
 def test_new_task_refuses_a_retrieval_dataset_in_one_line(run_examples, capsys):
@@ -108,4 +139,7 @@ def test_model_loader_by_short_name(run_examples):
 
 def test_registrations_are_gone_after_a_test():
     assert "image_knn" not in TASKS and "npy_images" not in DATASETS and "zoo" not in LOADERS
-    assert "image_knn_precision" not in METRICS
+    from clipcache.tasks.evaluation import metric_catalog
+
+    assert "image_knn_precision" not in metric_catalog()
+    assert "image_knn_include_self" not in EvaluateParams.for_registry().model_fields

@@ -228,3 +228,77 @@ def test_a_plugin_reusing_a_builtin_name_is_one_line(tmp_path_factory, tmp_path)
     [line] = run.stderr.strip().splitlines()
     assert "entry point open_clip = shadowing_plugin:LOADER (shadowing_plugin) registers model type 'open_clip', " \
            "which is already registered by clipcache; uninstall one of the two packages" in line
+
+
+# -- a task from an installed package: its options are flags, its metrics are in the catalog -------------------------
+
+def _example_task_site(site: Path, module: str, source: str) -> Path:
+    (site / f"{module}.py").write_text(source, encoding="utf-8")
+    return _fake_distribution(site, f"{module}_dist", f"""
+        [clipcache.tasks]
+        image_knn = {module}:ImageKnn
+    """)
+
+
+def _run(site: Path, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "COLUMNS": "200"}
+    code = "import sys; from clipcache.flows.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_plugin_tasks_options_are_flags_like_a_builtins(tmp_path_factory, tmp_path):
+    """docs/extending.md's example task, shipped as a package (an entry point, no TASKS.register): `eval --help`
+    lists its option, and a run takes it (another experiment than the default one)."""
+    from test_extending import examples
+
+    source = examples()["task-define"]
+    registration = 'TASKS.register("image_knn", ImageKnn)\n'
+    assert registration in source  # the entry point registers it instead
+    site = _example_task_site(tmp_path_factory.mktemp("site"), "knn_task_plugin", source.replace(registration, ""))
+
+    shown = _run(site, "eval", "--help", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    plugin_part = shown.stdout.split("options of tasks from plugins:")[1]
+    assert "--image_knn_include_self" in plugin_part and "image_knn: count each image among its own k" in plugin_part
+
+    # what a run's pairs get (no model loaded here: tests/test_extending.py runs the same task and flag end to end)
+    code = textwrap.dedent("""
+        import json
+        from clipcache.flows.cli.app import build_parser, params_from_args
+        from clipcache.tasks.evaluation import get_task, metric_catalog
+        from clipcache.tasks.contract import ScoreSettings
+        argv = ["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--task", "image_knn"]
+        task = get_task("image_knn")
+        found = {}
+        for extra in ([], ["--image_knn_include_self"]):
+            params = params_from_args(build_parser("eval").parse_args(argv + extra))
+            [options] = params.run_settings(cached_only=False).options.for_task(task.Options)
+            found[" ".join(extra)] = task.options(ScoreSettings(options=options))
+        print(json.dumps([found, metric_catalog()["image_knn_precision"].higher_is_better]))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [
+        {"": {}, "--image_knn_include_self": {"image_knn_include_self": True}}, True]
+
+
+def test_a_plugin_option_declared_unlike_a_builtin_one_is_one_line(tmp_path_factory, tmp_path):
+    source = textwrap.dedent("""
+        from clipcache.tasks.evaluation.zeroshot_classification import ZeroShotClassification
+        from clipcache.tasks.evaluation.base import TaskOptions
+
+
+        class ImageKnn(ZeroShotClassification):
+            name = "image_knn"
+
+            class Options(TaskOptions):
+                seed: str = "zero"  # linear_probe's and image_clustering's --seed is an int
+    """)
+    site = _example_task_site(tmp_path_factory.mktemp("site"), "clashing_task_plugin", source)
+    run = _run(site, "eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", cwd=tmp_path)
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    [line] = run.stderr.strip().splitlines()
+    assert "task image_knn declares option 'seed' differently from task linear_probe" in line

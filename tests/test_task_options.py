@@ -255,3 +255,17 @@ def test_the_rescore_hint_of_an_api_model_carries_its_api_flags():
     assert "--api_concurrency 4" in command and "--api_key_env MY_KEY" in command
     again = params_from_args(build_parser("eval").parse_args(shlex.split(command)[1:]))
     assert again.models[0] == params.models[0]
+
+
+def test_the_docs_tables_of_options_and_metrics_are_derived_from_the_registry():
+    """docs/cli.md's task options and docs/metrics.md's catalog are generated (flows/cli/task_tables.py), never typed."""
+    from clipcache.flows.cli import task_tables
+
+    for what, (page, make) in task_tables.TABLES.items():
+        table = make()
+        assert task_tables.stored(what) == task_tables.block(what, table), (
+            f"docs/{page}'s {what} table is stale: run `PYTHONPATH=$PWD .venv/bin/python -m clipcache.flows.cli.flags`")
+    options = task_tables.options_table()
+    assert "| `--fewshot_k` | `-1` (several values: one experiment each) | linear_probe |" in options
+    assert "`--batch_size`" not in options  # the run's parameter, which linear_probe also reads
+    assert "| `lp_acc` | yes | higher | linear_probe |" in task_tables.metrics_table()

@@ -24,16 +24,18 @@ EVAL_COMMANDS = {
 }
 
 
-def _eval_parser(sub: argparse._SubParsersAction, command: str, full: bool = True) -> None:
+def _eval_parser(sub: argparse._SubParsersAction, command: str, full: bool = True,
+                 argv: Sequence[str] | None = None) -> None:
     """The eval / rescore parser; ``full=False`` only names it. Its flags come from their stored description
-    (flows/cli/flags.py), so neither --help nor a name error imports the parameter models."""
+    (flows/cli/flags.py), so neither --help nor a name error imports the parameter models; plugin tasks' options
+    are looked up only when ``argv`` asks for help or holds a flag the stored ones lack (None: always)."""
     help_text, description = EVAL_COMMANDS[command]
     p = sub.add_parser(command, help=help_text, description=description)
     if not full:
         return
     from clipcache.flows.cli.flags import add_flags
 
-    add_flags(p)
+    add_flags(p, argv)
     p.set_defaults(handler=_cmd_eval, cached_only=command == "rescore")
 
 
@@ -64,9 +66,10 @@ def models_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
 def params_from_args(args: argparse.Namespace) -> Any:
     from clipcache.flows.config.params import EvaluateParams, validate
 
-    given = {name: getattr(args, FLAG_NAMES.get(name, name)) for name in EvaluateParams.model_fields
+    model = EvaluateParams.for_registry()  # with the options of plugin tasks, which add_plugin_option_flags added
+    given = {name: getattr(args, FLAG_NAMES.get(name, name), None) for name in model.model_fields
              if name not in NOT_FLAGS}
-    return validate(EvaluateParams, {
+    return validate(model, {
         **{k: v for k, v in given.items() if v is not None and v is not False},
         "models": models_from_args(args), "amp": args.amp, "verbose": not args.quiet,
     })
@@ -167,15 +170,16 @@ class VersionAction(argparse.Action):
         parser.exit(0)
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The CLI's parser; with ``command``, only that command's flags are built in full (start-up time)."""
+def build_parser(command: str | None = None, argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; with ``command``, only that command's flags are built in full (start-up time); ``argv``:
+    the arguments it will parse, when known (plugin tasks' option flags are derived only when they may be used)."""
     parser = OneLineParser(prog="clipcache", allow_abbrev=False,
                                      description="Evaluate CLIP-style models from an embedding cache.")
     parser.add_argument("-v", "--verbose", action="store_true", help="show Prefect and library logs")
     parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in EVAL_COMMANDS:
-        _eval_parser(sub, name, full=command in (None, name) and command is not None)
+        _eval_parser(sub, name, full=command in (None, name) and command is not None, argv=argv)
     run = sub.add_parser("run", help="run an evalscope-style task config (JSON or YAML)")
     run.add_argument("config", help="task_cfg.json or task_cfg.yaml")
     run.set_defaults(handler=_cmd_run)
@@ -215,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     try:
-        args = build_parser(command).parse_args(argv)
+        args = build_parser(command, argv).parse_args(argv)
         runtime.configure(verbose=args.verbose)
         return int(args.handler(args))
     except ClipcacheError as e:

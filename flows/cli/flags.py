@@ -6,9 +6,12 @@ flows/config/params.py's ``EvaluateParams``, the API fields, the task and model-
 flows/cli/eval_flags.json; tests/test_cli_flags.py holds the two equal. After adding or changing a parameter:
 
     PYTHONPATH=$PWD .venv/bin/python -m clipcache.flows.cli.flags      # rewrites flows/cli/eval_flags.json
+                                                                       # and the docs' tables (cli/task_tables.py)
 
 Choices drawn from a registry that other packages extend (``--task``, ``--model_type``) keep the built-in names
-here and gain the installed plugins' names from their entry point group when the parser is built.
+here and gain the installed plugins' names from their entry point group when the parser is built. The options of
+tasks registered besides clipcache's own (plugins) are not stored: their flags are derived from the registry when
+the parser is built (``add_plugin_option_flags``), only when the command line may use them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import sys
 import types
 import typing
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +65,12 @@ def _scalar(annotation: Any) -> dict[str, Any]:
     return {"type": annotation} if annotation in (int, float) else {}
 
 
-def add_param_flags(parser: argparse.ArgumentParser, model: Any, choices: dict[str, list[str]]) -> None:
-    """One flag per field of a pydantic parameter model: lists take several values, Literals are choices, booleans
-    are switches; help and defaults come from the field."""
+def add_param_flags(parser: argparse.ArgumentParser, model: Any, choices: dict[str, list[str]],
+                    skip: Collection[str] = ()) -> None:
+    """One flag per field of a pydantic parameter model (but those in ``skip``): lists take several values, Literals
+    are choices, booleans are switches; help and defaults come from the field."""
     for name, info in model.model_fields.items():
-        if name in NOT_FLAGS:
+        if name in NOT_FLAGS or name in skip:
             continue
         flag = FLAG_NAMES.get(name, name)
         annotation, _ = _unwrap(info.annotation)
@@ -88,7 +93,7 @@ def eval_flags(p: Any, builtin_only: bool = False) -> None:
     """Declare the eval / rescore flags on ``p`` (an argparse parser, or flows/cli/flags.py's recorder) from the
     live parameter models and registries; ``builtin_only``: registry choices without installed plugins' names."""
     from clipcache.flows.config.params import EvaluateParams
-    from clipcache.tasks.evaluation import TASKS
+    from clipcache.tasks.evaluation import BUILTIN_TASKS, TASKS
     from clipcache.tasks.models import LOADERS
     from clipcache.tasks.models.api_spec import ApiFields
 
@@ -110,7 +115,8 @@ def eval_flags(p: Any, builtin_only: bool = False) -> None:
           help="run the Python code the models' own folders supply (local, or a hub repository's snapshot; "
                "--model_type internvl); recorded, with a hash of every code file, in each model's identity")
     add_param_flags(models, ApiFields, {})  # --api_base, --api_revision, ... of api: models (docs/api_models.md)
-    add_param_flags(p, EvaluateParams, {"task": ["auto", *names(TASKS)]})
+    tasks = [n for n in TASKS.names() if not builtin_only or n in BUILTIN_TASKS]  # not those registered in-process
+    add_param_flags(p, EvaluateParams, {"task": ["auto", *tasks]})
     amp = p.add_mutually_exclusive_group()
     amp.add_argument("--amp", dest="amp", action="store_true", default=False,
                      help="mixed precision: bf16 on CPU, fp16 on CUDA")
@@ -119,6 +125,8 @@ def eval_flags(p: Any, builtin_only: bool = False) -> None:
     _flag(p, "orchestrator", choices=["auto", "prefect", "local"], default="auto",
           help="prefect: every run a Prefect flow run; local: plain calls; auto (default): prefect when a Prefect "
                "server is configured (PREFECT_API_URL or `clipcache server start`), else local")
+    if not builtin_only:
+        add_plugin_option_flags(p)
 
 
 
@@ -160,9 +168,9 @@ def stored_description() -> list[dict[str, Any]] | None:
     return data if isinstance(data, list) else None
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
+def add_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> None:
     """Declare the eval / rescore flags on ``parser`` from the stored description (the live models when it is
-    missing or unreadable)."""
+    missing or unreadable), and plugin tasks' options when ``argv`` may use them (``wants_plugin_flags``)."""
     calls = stored_description()
     if calls is None:
         eval_flags(parser)
@@ -188,6 +196,40 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             kwargs["metavar"] = "{" + ",".join(builtin) + ",...}"
             kwargs["help"] += " (or a name an installed plugin registers)"
         target.add_argument(*call["names"], **kwargs)
+    if wants_plugin_flags(argv, {name for call in calls for name in call["names"]}):
+        add_plugin_option_flags(parser)
+
+
+def wants_plugin_flags(argv: Sequence[str] | None, stored: set[str]) -> bool:
+    """Whether the arguments may use a plugin task's option: they ask for help or hold a flag the stored ones lack
+    (None: unknown, so yes). Reading the installed packages' entry points costs more than the rest of the parser
+    (importlib.metadata: about 0.1 s), so an ordinary command line never pays it."""
+    if argv is None:
+        return True
+    return any(a in ("-h", "--help") or (a.startswith("--") and a.split("=", 1)[0] not in stored) for a in argv)
+
+
+def add_plugin_option_flags(parser: Any) -> None:
+    """The options of tasks registered besides clipcache's own (installed plugins, ``TASKS.register`` in this
+    process) as flags, derived from their Options models like the built-in ones. Finding none costs one read of the
+    entry points; the parameter models are imported only when there are some."""
+    if not plugin_tasks_present():
+        return
+    from clipcache.flows.config.params import EvaluateParams
+
+    model = EvaluateParams.for_registry()
+    if model is not EvaluateParams:
+        group = parser.add_argument_group("options of tasks from plugins")
+        add_param_flags(group, model, {}, skip=EvaluateParams.model_fields)
+
+
+def plugin_tasks_present() -> bool:
+    from importlib.metadata import entry_points
+
+    if entry_points(group=PLUGIN_CHOICES["task"][0]):
+        return True
+    module = sys.modules.get(LIVE_REGISTRIES["task"][0])  # registered in this process: the registry is imported
+    return module is not None and bool(set(module.TASKS.in_order()) - set(module.BUILTIN_TASKS))
 
 
 class RegistryChoice:
@@ -217,9 +259,12 @@ class RegistryChoice:
 
 
 def main() -> int:
+    """Rewrite flows/cli/eval_flags.json and, in a source checkout, the docs' tables derived from the task registry."""
     FLAGS_FILE.write_text(json.dumps(live_description(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"wrote {FLAGS_FILE}")
-    return 0
+    from clipcache.flows.cli import task_tables
+
+    return task_tables.main() if task_tables.DOCS.is_dir() else 0
 
 
 if __name__ == "__main__":

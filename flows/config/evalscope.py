@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
 from clipcache.flows.config.convert_params import CaptionModelSpec, ConvertParams
 from clipcache.flows.config.evalscope_common import WorkDir, tool_name
-from clipcache.flows.config.params import EvaluateParams, RetrievalMetric, known_task, task_option, validate
+from clipcache.flows.config.params import EvaluateParams, RetrievalMetric, known_task, validate
+from clipcache.flows.config.task_params import task_option
 from clipcache.storage.errors import ConfigError, parse_problem
 from clipcache.tasks.contract import Ties
 from clipcache.tasks.evaluation.zeroshot_retrieval import ZeroShotRetrieval

@@ -8,12 +8,12 @@ open_clip or Prefect: a typo fails with its suggestion before any work starts.
 from __future__ import annotations
 
 import re
-from copy import copy
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from clipcache.flows.config.run_settings import OptionValues, OutputSettings, RunSettings
+from clipcache.flows.config.task_params import builtin_tasks, extended_model, options_model, swept_names
 from clipcache.storage.errors import ClipcacheError, ConfigError
 from clipcache.tasks.contract import (
     BATCH_SIZE,
@@ -24,43 +24,13 @@ from clipcache.tasks.contract import (
     OnBadImage,
     PromptSettings,
     ScoreSettings,
-    Ties,
 )
-from clipcache.tasks.evaluation.base import EvalTask
-from clipcache.tasks.evaluation.captioning import Captioning, CaptionMetric
-from clipcache.tasks.evaluation.composed_retrieval import ComposedRetrieval
-from clipcache.tasks.evaluation.image_clustering import ImageClustering
-from clipcache.tasks.evaluation.knn_classification import KnnClassification
-from clipcache.tasks.evaluation.linear_probe import LinearProbe
-from clipcache.tasks.evaluation.mieb_linear_probe import MiebLinearProbe
-from clipcache.tasks.evaluation.multilabel_probe import MultilabelProbe
-from clipcache.tasks.evaluation.zeroshot_retrieval import ZeroShotRetrieval
 from clipcache.tasks.models.spec import ModelSpec
 
+if TYPE_CHECKING:
+    from clipcache.tasks.evaluation.base import EvalTask
+
 RetrievalMetric = Literal["recall", "mrr", "ndcg", "rank"]
-# The built-in tasks whose options are run parameters (flags, config keys). Each such parameter takes its default,
-# constraints and help from the task's Options model, where they are written once.
-OPTION_TASKS: tuple[type[EvalTask], ...] = (ZeroShotRetrieval, LinearProbe, ImageClustering, MiebLinearProbe,
-                                              KnnClassification, ComposedRetrieval, MultilabelProbe, Captioning)
-SWEPT_OPTIONS = ("fewshot_k",)  # a list of values: one experiment per value
-
-
-def task_option(task: type[EvalTask], name: str, *also: type[EvalTask]) -> Any:
-    """The field ``name`` of ``task``'s Options (and of the ``also`` tasks', which share it) as a run parameter."""
-    info = copy(task.Options.model_fields[name])
-    for other in also:
-        shared = other.Options.model_fields[name]
-        if (shared.annotation, shared.default, shared.metadata) != (info.annotation, info.default, info.metadata):
-            raise TypeError(f"{other.name} and {task.name} declare option {name!r} differently")
-    info.description = f"{', '.join(t.name for t in (task, *also))}: {info.description}"
-    return info
-
-
-def swept_option(task: type[EvalTask], name: str, several: str) -> Any:
-    """A run parameter that lists values of the option ``name`` of ``task`` (default: the option's default)."""
-    info = task.Options.model_fields[name]
-    return Field(default_factory=lambda: [info.default], min_length=1,
-                 description=f"{task.name}: {info.description}; {several}")
 
 
 def known_task(value: str) -> str:
@@ -71,8 +41,8 @@ def known_task(value: str) -> str:
     return value
 
 
-class EvaluateParams(BaseModel):
-    """Parameters of the ``evaluate`` / ``rescore`` flows (also the deployments' parameter schema)."""
+class RunInputs(BaseModel):
+    """What a run evaluates and which metrics it reports (the first of ``EvaluateParams``' fields)."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
@@ -108,34 +78,17 @@ class EvaluateParams(BaseModel):
         description="retrieval metric families: recall@k (clip_benchmark's), mrr@k, ndcg@k, rank (mean/median)")
     bootstrap: int = Field(ScoreSettings.bootstrap, ge=0, description="bootstrap resamples of each metric's 95% "
                                                                        "interval (0: no intervals)")
-    # task options: default, constraints and help from the tasks' Options models
-    ties: Ties = task_option(ZeroShotRetrieval, "ties")
-    train_split: str = task_option(LinearProbe, "train_split", MiebLinearProbe, KnnClassification, MultilabelProbe)
-    val_split: str | None = task_option(LinearProbe, "val_split")
-    val_proportion: float | None = task_option(LinearProbe, "val_proportion")
-    fewshot_k: list[int] = swept_option(LinearProbe, "fewshot_k", "several values give one probe (one "
-                                                                   "experiment) each over the same cached features")
-    fewshot_lr: float = task_option(LinearProbe, "fewshot_lr")
-    fewshot_epochs: int = task_option(LinearProbe, "fewshot_epochs")
-    seed: int = task_option(LinearProbe, "seed", ImageClustering)
-    samples_per_label: int = task_option(MiebLinearProbe, "samples_per_label")
-    n_experiments: int = task_option(MiebLinearProbe, "n_experiments", MultilabelProbe)
-    probe_seed: int = task_option(MiebLinearProbe, "probe_seed", MultilabelProbe)
-    probe_max_iter: int = task_option(MiebLinearProbe, "probe_max_iter")
-    probe_features: Literal["raw", "normalized"] = task_option(MiebLinearProbe, "probe_features", MultilabelProbe)
-    knn_k: int = task_option(KnnClassification, "knn_k")
-    knn_weights: Literal["uniform", "distance"] = task_option(KnnClassification, "knn_weights")
-    multilabel_samples_per_label: int = task_option(MultilabelProbe, "multilabel_samples_per_label")
-    multilabel_knn_k: int = task_option(MultilabelProbe, "multilabel_knn_k")
-    reference_image: Literal["layout", "exclude", "keep"] = task_option(ComposedRetrieval, "reference_image")
-    caption_source: str | None = task_option(Captioning, "caption_source")
-    caption_references: str | None = task_option(Captioning, "caption_references")
-    caption_metrics: tuple[CaptionMetric, ...] = task_option(Captioning, "caption_metrics")
-    caption_generation: Literal["top_k", "top_p", "beam_search"] = task_option(Captioning, "caption_generation")
-    caption_seq_len: int = task_option(Captioning, "caption_seq_len")
-    caption_top_p: float = task_option(Captioning, "caption_top_p")
-    caption_top_k: int = task_option(Captioning, "caption_top_k")
-    caption_temperature: float = task_option(Captioning, "caption_temperature")
+
+# clipcache's own tasks whose options are run parameters, and the parameters they make (flows/config/task_params.py)
+OPTION_TASKS: tuple[type[EvalTask], ...] = tuple(t for t in builtin_tasks() if t.Options.model_fields)
+SWEPT_OPTIONS = swept_names(OPTION_TASKS)  # a list of values: one experiment per value
+
+
+class RunExecution(BaseModel):
+    """How a run executes and where its results go (the last of ``EvaluateParams``' fields)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
     normalize: str = Field("true", description="linear_probe: L2-normalised features, clip_benchmark's default "
                                                "(the only choice: the cache holds normalised embeddings)")
     batch_size: PositiveInt = Field(BATCH_SIZE, description="images or texts per forward pass")
@@ -172,6 +125,20 @@ class EvaluateParams(BaseModel):
     dump_templates: bool = Field(False, description="write the templates used into each result JSON "
                                                     "(clip_benchmark's --dump_templates)")
     verbose: bool = Field(True, description="progress bars")
+
+
+TaskOptionParams: Any = options_model(list(OPTION_TASKS), taken={*RunInputs.model_fields, *RunExecution.model_fields})
+
+
+# pydantic orders fields base by base from the last: RunInputs', the task options', RunExecution's (the flags' order)
+class EvaluateParams(RunExecution, TaskOptionParams, RunInputs):
+    """Parameters of the ``evaluate`` / ``rescore`` flows (also the deployments' parameter schema): what is
+    evaluated, every built-in task's options (derived from the task registry), how the run executes. A run with
+    tasks registered besides clipcache's own validates with ``for_registry()``, which adds their options."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    option_tasks: ClassVar[tuple[type[EvalTask], ...]] = OPTION_TASKS
+    swept_options: ClassVar[tuple[str, ...]] = SWEPT_OPTIONS
 
     @model_validator(mode="before")
     @classmethod
@@ -276,15 +243,20 @@ class EvaluateParams(BaseModel):
         raise ValueError(f"{value!r}: only normalised features can be probed (the cache holds L2-normalised "
                          f"embeddings, clip_benchmark's default --normalize True)")
 
-    @field_validator("fewshot_k", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _one_or_several_k(cls, value: Any) -> Any:
-        return [value] if isinstance(value, (int, str)) else value
+    def _one_or_several_values(cls, data: Any) -> Any:
+        """A swept option (``--fewshot_k 1 5``) takes one value or a list."""
+        if isinstance(data, dict):
+            return {k: [v] if k in cls.swept_options and isinstance(v, (int, float, str)) else v
+                    for k, v in data.items()}
+        return data
 
-    @field_validator("fewshot_k")
-    @classmethod
-    def _distinct_k(cls, value: list[int]) -> list[int]:
-        return list(dict.fromkeys(value))
+    @model_validator(mode="after")
+    def _distinct_values(self) -> EvaluateParams:
+        for name in self.swept_options:
+            setattr(self, name, list(dict.fromkeys(getattr(self, name))))
+        return self
 
     @model_validator(mode="after")
     def _annotation_file_used(self) -> EvaluateParams:
@@ -319,7 +291,7 @@ class EvaluateParams(BaseModel):
     @model_validator(mode="after")
     def _valid_task_options(self) -> EvaluateParams:
         """Each task's options, as its Options model checks them (every swept value too)."""
-        for task in OPTION_TASKS:
+        for task in self.option_tasks:
             try:
                 self.option_values().for_task(task.Options)
             except ConfigError as e:
@@ -340,9 +312,15 @@ class EvaluateParams(BaseModel):
     # -- what each stage gets --------------------------------------------------------------------------------------
     def option_values(self) -> OptionValues:
         """The values of every parameter that is some task's option (a task takes those its Options declare)."""
-        names = {name for task in OPTION_TASKS for name in task.Options.model_fields}
-        values = {name: getattr(self, name) for name in names if name not in SWEPT_OPTIONS}
-        return OptionValues(values, {name: tuple(getattr(self, name)) for name in SWEPT_OPTIONS})
+        names = {name for task in self.option_tasks for name in task.Options.model_fields}
+        values = {name: getattr(self, name) for name in names if name not in self.swept_options}
+        return OptionValues(values, {name: tuple(getattr(self, name)) for name in self.swept_options})
+
+    @classmethod
+    def for_registry(cls) -> type[EvaluateParams]:
+        """This model, with the options of every task registered besides clipcache's own (installed plugins,
+        ``TASKS.register`` in the process) as further parameters (flows/config/task_params.py)."""
+        return extended_model(cls)
 
     def run_settings(self, cached_only: bool) -> RunSettings:
         """The typed settings of every pair of the run; the pipeline reads these, not this model."""

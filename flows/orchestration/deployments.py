@@ -46,8 +46,9 @@ def load_suite(path: str | Path, overrides: dict[str, Any] | None = None) -> Eva
     data = load_task_config(str(path))
     if "eval_config" in data:
         params = to_evaluate_params(data)
-        return validate(EvaluateParams, {**params.model_dump(), **(overrides or {})}, prefix=f"{path}: ")
-    return validate(EvaluateParams, {**data, **(overrides or {})}, prefix=f"{path}: ")
+        return validate(EvaluateParams.for_registry(), {**params.model_dump(), **(overrides or {})},
+                        prefix=f"{path}: ")
+    return validate(EvaluateParams.for_registry(), {**data, **(overrides or {})}, prefix=f"{path}: ")
 
 
 def read_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE) -> list[dict[str, Any]]:

@@ -10,12 +10,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from clipcache.storage.errors import ConfigError
+from clipcache.storage.errors import ClipcacheError, ConfigError
 from clipcache.tasks.evaluation.base import (
     DataSource,
     EncodeSession,
     EncodeSettings,
     EvalTask,
+    MetricInfo,
     PromptSettings,
     Scored,
     ScoreSettings,
@@ -40,21 +41,42 @@ TASKS.register("image_caption_selection",
 TASKS.register("visual_sts", "clipcache.tasks.evaluation.visual_sts:VisualSts")
 TASKS.register("multiple_choice", "clipcache.tasks.evaluation.multiple_choice:MultipleChoice")
 TASKS.register("mieb", "clipcache.tasks.evaluation.mieb_runner:MiebTask")
-TASKS.register("composed_retrieval", "clipcache.tasks.evaluation.composed_retrieval:ComposedRetrieval")
 TASKS.register("mieb_linear_probe", "clipcache.tasks.evaluation.mieb_linear_probe:MiebLinearProbe")
 TASKS.register("knn_classification", "clipcache.tasks.evaluation.knn_classification:KnnClassification")
 TASKS.register("face_attributes", "clipcache.tasks.evaluation.face_attributes:FaceAttributes")
 TASKS.register("multilabel_probe", "clipcache.tasks.evaluation.multilabel_probe:MultilabelProbe")
+TASKS.register("composed_retrieval", "clipcache.tasks.evaluation.composed_retrieval:ComposedRetrieval")
 TASKS.register("visual_document_retrieval",
                "clipcache.tasks.evaluation.visual_document_retrieval:VisualDocumentRetrieval")
 TASKS.register("winogavil", "clipcache.tasks.evaluation.winogavil:Winogavil")  # DataComp's misc/winogavil
 TASKS.register("captioning", "clipcache.tasks.evaluation.captioning:Captioning")
+# clipcache's own tasks, in the order their options are run parameters (flags, config keys; flows/config/task_params.py)
+BUILTIN_TASKS: tuple[str, ...] = tuple(TASKS.in_order(plugins=False))
 
 
 def get_task(name: str) -> EvalTask:
     """An instance of the task registered as ``name`` (registries hold classes: tasks are stateless)."""
     task = TASKS.get(name)
     return task() if isinstance(task, type) else task
+
+
+def metric_catalog() -> dict[str, MetricInfo]:
+    """Every metric a result may be named by: the metrics several tasks share (``METRICS``) and those each registered
+    task declares (``EvalTask.metrics``). A name declared twice must mean the same. A plugin task that cannot be
+    imported adds none (its own runs fail when they name it)."""
+    from clipcache.tasks.score.metrics import METRICS
+
+    catalog = dict(METRICS)
+    for name in TASKS.names():
+        try:
+            declared = get_task(name).metrics
+        except ClipcacheError:
+            continue
+        for info in declared:
+            if catalog.setdefault(info.name, info) != info:
+                raise ConfigError(f"task {name} declares metric {info.name!r} unlike another task or the shared "
+                                  f"metrics (tasks/score/metrics.py): one name, one definition")
+    return catalog
 
 
 def tasks_served(role: str, dataset_format: str, arrays: tuple[str, ...]) -> list[str]:

@@ -2,8 +2,9 @@
 stages, and are re-exported here.
 
 A task (zero-shot classification, zero-shot retrieval, text retrieval, ...) declares what it reads from the cache
-(``needs``: the roles of the entries it encodes) and the settings that change its numbers (``Options``, a pydantic
-model: each default is written there once), and implements three steps the flow runs for every (model, dataset,
+(``needs``: the roles of the entries it encodes), the settings that change its numbers (``Options``, a pydantic
+model: each default is written there once; the run parameters and CLI flags derive from it) and the metrics it
+reports (``metrics``: name, direction, definition), and implements three steps the flow runs for every (model, dataset,
 language):
 
 - ``prepare``: open and index the data (cheap; no image is decoded), pick the prompts, check the data fits the task;
@@ -17,7 +18,7 @@ tasks that learn from or cluster a classification dataset's cached image feature
 in ``clipcache.tasks.evaluation.probes``.
 
 A new task is one module with one subclass, plus one line in ``clipcache.tasks.evaluation`` (or an entry point in the
-group ``clipcache.tasks``).
+group ``clipcache.tasks``): its options become flags and its metrics enter the catalog from there.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ from clipcache.tasks.contract import (
     SeededOptions,
     TaskOptions,
 )
+from clipcache.tasks.score.metrics import MetricInfo
 
 # The shared types live in clipcache.tasks.contract (below the stages); they are re-exported here for the code,
 # docs and plugins that import them from this module.
 __all__ = ["CacheMissError", "DataSource", "DataT", "EncodeSession", "EncodeSettings", "Encoded", "EvalTask",
-           "Prepared", "PromptSettings", "ScoreSettings", "Scored", "SeededOptions", "TaskOptions", "data_kind"]
+           "MetricInfo", "Prepared", "PromptSettings", "ScoreSettings", "Scored", "SeededOptions", "TaskOptions",
+           "data_kind"]
 
 if TYPE_CHECKING:  # naming tasks and validating parameters must not import zarr, numpy or rich
     from clipcache.storage.embedding_store import EmbeddingStore
@@ -76,6 +79,9 @@ class EvalTask(ABC, Generic[DataT]):
     # The settings that change its numbers (a subclass declares its own model; see TaskOptions). Flags, validation,
     # the experiment's options and the rescore hint derive from it.
     Options: ClassVar[type[TaskOptions]] = TaskOptions
+    # The metrics its scores are named by (name, direction, definition): the results' metric catalog is these, for
+    # every registered task, plus the metrics several tasks share (tasks/score/metrics.py's METRICS).
+    metrics: ClassVar[tuple[MetricInfo, ...]] = ()
     # The leaderboard's headline number: (metric, k, label, priority); the rows of the lowest priority present are
     # averaged (e.g. retrieval: image and text recall@5).
     main_metrics: ClassVar[tuple[tuple[str, int | None, str, int], ...]] = ()

@@ -25,6 +25,7 @@ from clipcache.tasks.evaluation.base import (
     EncodeSession,
     EncodeSettings,
     EvalTask,
+    MetricInfo,
     Prepared,
     PromptSettings,
     Scored,
@@ -49,6 +50,23 @@ class Captioning(EvalTask["EvalDataset"]):
     needs = ("image", "caption_text")
     reads = ("retrieval",)
     main_metrics = (("CIDEr", None, "CIDEr", 1),)
+    metrics = (
+        # tasks/score/caption_metrics.py: pycocoevalcap's names, as clip_benchmark's captioning JSON has them
+        *[MetricInfo(f"Bleu_{n}", True, False, f"captioning: corpus BLEU-{n} of the PTB-tokenised captions against the "
+                                              f"references (pycocoevalcap)") for n in range(1, 5)],
+        MetricInfo("METEOR", True, False, "captioning: METEOR 1.5 of the PTB-tokenised captions (pycocoevalcap's Java "
+                                          "scorer, its corpus aggregate)"),
+        MetricInfo("ROUGE_L", True, False, "captioning: mean over images of ROUGE-L (LCS F-measure, beta 1.2, best "
+                                           "reference)"),
+        MetricInfo("CIDEr", True, False, "captioning: mean over images of CIDEr-D (TF-IDF n-gram cosine to the "
+                                         "references, document frequencies from the evaluated set)"),
+        MetricInfo("SPICE", True, False, "captioning: mean over images of SPICE's scene-graph tuple F-score"),
+        MetricInfo("clipscore", True, False, "captioning: mean over images of 2.5 * max(cos(image, 'A photo depicts ' "
+                                             "+ caption), 0) (Hessel et al. 2021)"),
+        MetricInfo("refclipscore", True, False, "captioning: mean over images of the harmonic mean of CLIPScore and "
+                                                "the caption's largest cosine to a prefixed reference (Hessel et al. "
+                                                "2021)"),
+    )
 
     class Options(TaskOptions):
         encode_fields = ("caption_source", "caption_generation", "caption_seq_len", "caption_top_p",

@@ -30,6 +30,7 @@ from clipcache.tasks.evaluation.base import (
     EncodeSession,
     EncodeSettings,
     EvalTask,
+    MetricInfo,
     Prepared,
     PromptSettings,
     Scored,
@@ -80,6 +81,13 @@ class ComposedRetrieval(EvalTask["ComposedData"]):
     description = "reference image + modifying text -> target image (CIRR, FashionIQ; MIEB it2i): recall@k, ndcg@10"
     needs = (IMAGE, TEXT)
     main_metrics = (("recall", 10, "composed_recall@10", 1),)
+    metrics = (
+        MetricInfo("recall_subset", True, True, "composed_retrieval on CIRR: fraction of queries whose target is "
+                                                "within the first k of its img_set less the reference image, in the "
+                                                "full ranking's order (CIRR's Recall_subset@k)"),
+        MetricInfo("cirr_avg", True, False, "composed_retrieval on CIRR: (recall@5 + recall_subset@1) / 2, CIRR's "
+                                            "reported main number (its 'Avg')"),
+    )
 
     class Options(TaskOptions):
         reference_image: Literal["layout", "exclude", "keep"] = Field(

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.contract import SeededOptions
-from clipcache.tasks.evaluation.base import Encoded, Prepared, Scored, ScoreSettings
+from clipcache.tasks.evaluation.base import Encoded, MetricInfo, Prepared, Scored, ScoreSettings
 from clipcache.tasks.evaluation.common import sample_keys
 from clipcache.tasks.evaluation.probes import ProbeTask
 
@@ -34,6 +34,10 @@ class ImageClustering(ProbeTask):
     short = "clustering"
     description = "image_clustering_nmi, image_clustering_ari of k-means over cached image embeddings"
     main_metrics = (("image_clustering_nmi", None, "image_clustering_nmi", 1),)
+    metrics = (
+        MetricInfo("image_clustering_nmi", True, False, "k-means clusters vs classes: normalised mutual information"),
+        MetricInfo("image_clustering_ari", True, False, "k-means clusters vs classes: adjusted Rand index"),
+    )
 
     class Options(SeededOptions):
         """``seed``: k-means' random_state."""

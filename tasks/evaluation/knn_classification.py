@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import Field, PositiveInt
 
 from clipcache.tasks.contract import TaskOptions
-from clipcache.tasks.evaluation.base import Encoded, EncodeSettings, Prepared, Scored, ScoreSettings
+from clipcache.tasks.evaluation.base import Encoded, EncodeSettings, MetricInfo, Prepared, Scored, ScoreSettings
 from clipcache.tasks.evaluation.common import sample_keys
 from clipcache.tasks.evaluation.linear_probe import LinearProbe
 from clipcache.tasks.evaluation.probes import ProbeTask
@@ -29,6 +29,11 @@ class KnnClassification(ProbeTask):
     short = "kNN"
     description = "knn_acc1, knn_mean_per_class_recall: majority label of the k most similar cached train images"
     main_metrics = (("knn_acc1", None, "knn_acc1", 1),)
+    metrics = (
+        MetricInfo("knn_acc1", True, False, "knn_classification: fraction of test images whose k nearest train images "
+                                            "(cosine) vote for their class"),
+        MetricInfo("knn_mean_per_class_recall", True, False, "knn_classification: balanced accuracy of the kNN vote"),
+    )
 
     class Options(TaskOptions):
         """scikit-learn's KNeighborsClassifier settings, cosine metric."""

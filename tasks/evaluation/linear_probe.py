@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, ClassVar, Self
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
-from clipcache.tasks.contract import BATCH_SIZE, SeededOptions
-from clipcache.tasks.evaluation.base import Encoded, EncodeSettings, Prepared, Scored, ScoreSettings
+from clipcache.tasks.contract import BATCH_SIZE, SeededOptions, TaskOptions
+from clipcache.tasks.evaluation.base import Encoded, EncodeSettings, MetricInfo, Prepared, Scored, ScoreSettings
 from clipcache.tasks.evaluation.common import sample_keys
 from clipcache.tasks.evaluation.probes import ProbeTask
 
@@ -23,17 +23,27 @@ if TYPE_CHECKING:
     from clipcache.tasks.datasets.base import EvalDataset
 
 
+_SEED = SeededOptions.model_fields["seed"]  # one default and help for every seeded task
+_SEVERAL_K = "several values give one probe (one experiment) each over the same cached features"
+
+
 class LinearProbe(ProbeTask):
     name = "linear_probe"
     short = "linear probe"
     description = "lp_acc1, lp_acc5, lp_mean_per_class_recall of a linear layer trained on cached train features"
     main_metrics = (("lp_acc", 1, "lp_acc1", 1),)
+    metrics = (
+        MetricInfo("lp_acc", True, True, "linear probe: fraction of test samples whose class is among the probe's k "
+                                         "highest logits"),
+        MetricInfo("lp_mean_per_class_recall", True, False, "linear probe: balanced accuracy of the probe's argmax"),
+    )
 
-    class Options(SeededOptions):
-        """clip_benchmark's flags of the same names, with its defaults. ``seed`` seeds the layer's initialisation,
-        the batch order, the few-shot pick and the val_proportion split."""
+    class Options(TaskOptions):
+        """clip_benchmark's flags of the same names, with its defaults, in its order. ``seed`` (SeededOptions')
+        seeds the layer's initialisation, the batch order, the few-shot pick and the val_proportion split."""
 
         encode_fields: ClassVar[tuple[str, ...]] = ("train_split", "val_split")
+        swept: ClassVar[dict[str, str]] = {"fewshot_k": _SEVERAL_K}  # --fewshot_k 1 5 10: three experiments
 
         train_split: str = Field("train", description="the split the probe learns from")
         val_split: str | None = Field(None, description="a split to choose the weight decay on (clip_benchmark's "
@@ -43,6 +53,7 @@ class LinearProbe(ProbeTask):
         fewshot_k: int = Field(-1, ge=-1, description="training samples per class (-1: all, else >= 1)")
         fewshot_lr: float = Field(0.1, gt=0, description="learning rate (AdamW, cosine schedule)")
         fewshot_epochs: PositiveInt = Field(10, description="epochs")
+        seed: int = Field(_SEED.default, description=_SEED.description)
         batch_size: PositiveInt = Field(BATCH_SIZE, description="training batch size (the run's --batch_size)")
 
         @field_validator("fewshot_k")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import Field, PositiveInt
 
 from clipcache.tasks.contract import TaskOptions
-from clipcache.tasks.evaluation.base import Encoded, EncodeSettings, Prepared, Scored, ScoreSettings
+from clipcache.tasks.evaluation.base import Encoded, EncodeSettings, MetricInfo, Prepared, Scored, ScoreSettings
 from clipcache.tasks.evaluation.common import sample_keys
 from clipcache.tasks.evaluation.linear_probe import LinearProbe
 from clipcache.tasks.evaluation.probes import ProbeTask
@@ -40,6 +40,19 @@ class MiebLinearProbe(ProbeTask):
                    "probe on few-shot train features")
     main_metrics = (("mieb_lp_accuracy", None, "mieb_lp_accuracy", 1),)
     raw_features = True
+    metrics = (
+        # tasks/score/mieb_probe.py: mteb's ImageClassification scores, mean and spread over experiments
+        *[m for name, what in (("accuracy", "accuracy"), ("f1", "macro F1"), ("f1_weighted", "support-weighted F1"),
+                               ("precision", "macro precision"), ("precision_weighted", "support-weighted precision"),
+                               ("recall", "macro recall"), ("recall_weighted", "support-weighted recall"),
+                               ("ap", "macro average precision of the predicted labels (two classes only)"),
+                               ("ap_weighted", "weighted average precision of the predicted labels (two classes only)"))
+          for m in (MetricInfo(f"mieb_lp_{name}", True, False, f"mieb_linear_probe: mean over experiments of the test "
+                                                                 f"{what} of a logistic regression fitted on few-shot "
+                                                                 f"train features (MIEB's linear probe)"),
+                    MetricInfo(f"mieb_lp_{name}_std", False, False, f"mieb_linear_probe: standard deviation (ddof 0) "
+                                                                    f"over experiments of the test {what}"))],
+    )
 
     class Options(TaskOptions):
         """mteb's ImageClassification settings, with its defaults (the 16 / 5 of CIFAR10, DTD, Country211, ...)."""

@@ -21,7 +21,15 @@ from pydantic import Field, PositiveInt
 
 from clipcache.storage.errors import DatasetError
 from clipcache.tasks.contract import TaskOptions
-from clipcache.tasks.evaluation.base import DataSource, Encoded, EncodeSettings, Prepared, Scored, ScoreSettings
+from clipcache.tasks.evaluation.base import (
+    DataSource,
+    Encoded,
+    EncodeSettings,
+    MetricInfo,
+    Prepared,
+    Scored,
+    ScoreSettings,
+)
 from clipcache.tasks.evaluation.common import sample_keys
 from clipcache.tasks.evaluation.linear_probe import LinearProbe
 from clipcache.tasks.evaluation.mieb_linear_probe import MiebLinearProbe
@@ -63,6 +71,20 @@ class MultilabelProbe(ProbeTask):
     description = ("multilabel_lrap, multilabel_accuracy, multilabel_f1, multilabel_hamming (mean and _std over "
                    "experiments): MIEB's VOC2007 kNN probe on few-shot train features")
     main_metrics = (("multilabel_lrap", None, "multilabel_lrap", 1),)
+    metrics = (
+        # multilabel_probe (tasks/score/multilabel_probe.py): mteb's multilabel scores (VOC2007), mean and spread
+        *[m for name, what in (("lrap", "label-ranking average precision of the predicted label sets (MIEB's main "
+                                        "score)"),
+                               ("accuracy", "subset accuracy (predicted label set exactly the true one)"),
+                               ("f1", "macro F1 over the classes"),
+                               ("hamming", "mean per image of |true & predicted| / |true | predicted| (mteb's "
+                                           "hamming)"))
+          for m in (MetricInfo(f"multilabel_{name}", True, False, f"multilabel_probe: mean over experiments of the "
+                                                                   f"test {what} of a kNN fitted on few-shot train "
+                                                                   f"features"),
+                    MetricInfo(f"multilabel_{name}_std", False, False, f"multilabel_probe: standard deviation (ddof "
+                                                                       f"0) over experiments of the test {name}"))],
+    )
 
     class Options(TaskOptions):
         """mteb's multilabel classification settings, with VOC2007's values."""

@@ -23,6 +23,7 @@ from clipcache.tasks.evaluation.base import (
     EncodeSession,
     EncodeSettings,
     EvalTask,
+    MetricInfo,
     Prepared,
     PromptSettings,
     Scored,
@@ -48,6 +49,11 @@ class VisualSts(EvalTask["VisualStsData"]):
                    "scores (MIEB VisualSTS)")
     needs = (ROLE,)
     main_metrics = (("cosine_spearman", None, "cosine_spearman", 1),)
+    metrics = (
+        *[MetricInfo(f"{s}_{c}", True, False, f"visual_sts: {n} correlation of gold scores and the pairs' {s} "
+                     f"similarity{'' if s == 'cosine' else ' (negated distance)'} (mteb's STS)")
+          for s in ("cosine", "manhattan", "euclidean") for c, n in (("spearman", "Spearman"), ("pearson", "Pearson"))],
+    )
 
     def serves(self, role: str, kind: str) -> bool:
         return role == ROLE  # no other task writes this role

@@ -21,6 +21,7 @@ from clipcache.tasks.evaluation.base import (
     EncodeSession,
     EncodeSettings,
     EvalTask,
+    MetricInfo,
     Prepared,
     PromptSettings,
     Scored,
@@ -43,6 +44,16 @@ class Winogavil(EvalTask["WinogavilData"]):
                    "(DataComp's WinoGAViL)")
     needs = (IMAGE, CUE)
     main_metrics = (("jaccard_score_10-12", None, "winogavil_jaccard_10_12", 1),)
+    metrics = (
+        # WinoGAViL (tasks/score/winogavil.py), named as DataComp writes them
+        MetricInfo("avg_jaccard_score", True, False, "winogavil: mean over games of the Jaccard index of the k "
+                                                     "candidates closest to the cue (k = its associations) and the "
+                                                     "associations"),
+        *[MetricInfo(f"jaccard_score_{g}", True, False, f"winogavil: the mean Jaccard index over the games with {what}")
+          for g, what in (("5", "5 candidates"), ("6", "6 candidates"), ("10", "10 candidates"),
+                          ("12", "12 candidates"), ("5-6", "at most 6 candidates"),
+                          ("10-12", "at least 10 candidates (DataComp's main metric)"))],
+    )
 
     def serves(self, role: str, kind: str) -> bool:
         return role in self.needs  # no other task writes these roles

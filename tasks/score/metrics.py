@@ -2,11 +2,16 @@
 
 Long format keeps ``k`` as its own column: ``acc5`` -> (``acc``, 5); ``image_retrieval_recall@10`` ->
 (``image_retrieval_recall``, 10). Every metric declares its direction.
+
+A task declares the metrics it alone reports on itself (``EvalTask.metrics``); ``METRICS`` here holds those that
+several tasks, the suites' group marts or every run (``skipped_images``) share. The catalog a result is written with
+is both (``clipcache.tasks.evaluation.metric_catalog``).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -34,11 +39,6 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
     MetricInfo("mean_average_precision", True, False, "mean over classes of average precision (multilabel)"),
     MetricInfo("image_retrieval_recall", True, True, "text->image: fraction of captions whose image is in the top k"),
     MetricInfo("text_retrieval_recall", True, True, "image->text: fraction of images with any caption in the top k"),
-    MetricInfo("lp_acc", True, True, "linear probe: fraction of test samples whose class is among the probe's k "
-                                     "highest logits"),
-    MetricInfo("lp_mean_per_class_recall", True, False, "linear probe: balanced accuracy of the probe's argmax"),
-    MetricInfo("image_clustering_nmi", True, False, "k-means clusters vs classes: normalised mutual information"),
-    MetricInfo("image_clustering_ari", True, False, "k-means clusters vs classes: adjusted Rand index"),
     # DataComp's group metrics over per-sample metadata (tasks/suites/groups.py; names as DataComp writes them)
     MetricInfo("F1-macro_all", True, False, "WILDS' macro F1: mean over the classes present in the targets of "
                                             "2 tp / (2 tp + fp + fn) of the argmax"),
@@ -47,14 +47,6 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
     MetricInfo("acc_top5_wg", True, False, "worst-group top-5 accuracy over the dataset's DataComp grouping"),
     MetricInfo("acc_worst_region", True, False, "lowest top-1 accuracy over the regions with samples"),
     MetricInfo("acc_worst_year", True, False, "lowest top-1 accuracy over the years with samples"),
-    # WinoGAViL (tasks/score/winogavil.py), named as DataComp writes them
-    MetricInfo("avg_jaccard_score", True, False, "winogavil: mean over games of the Jaccard index of the k "
-                                                 "candidates closest to the cue (k = its associations) and the "
-                                                 "associations"),
-    *[MetricInfo(f"jaccard_score_{g}", True, False, f"winogavil: the mean Jaccard index over the games with {what}")
-      for g, what in (("5", "5 candidates"), ("6", "6 candidates"), ("10", "10 candidates"),
-                      ("12", "12 candidates"), ("5-6", "at most 6 candidates"),
-                      ("10-12", "at least 10 candidates (DataComp's main metric)"))],
     MetricInfo("skipped_images", False, False, "images left out as undecodable (--on_bad_image skip)"),
     # FairFace / UTKFace (tasks/suites/face_attributes.py): DataComp's FairFaceEvaluator, WILDS' names; the per-group
     # values (acc_race_race_binary:0, ...) are named by face_group_metric
@@ -65,64 +57,17 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in [
                       ("toxicity_crime", "share of faces the toxic head gives a crime label (class >= 18)"),
                       ("toxicity_nonhuman", "share of faces the toxic head gives a non-human label (14-17)"))
       for s, how in (("avg", "over all faces"), ("wg", "lowest over the groups with faces"))],
-    *[MetricInfo(f"{s}_{c}", True, False, f"visual_sts: {n} correlation of gold scores and the pairs' {s} similarity"
-                 f"{'' if s == 'cosine' else ' (negated distance)'} (mteb's STS)")
-      for s in ("cosine", "manhattan", "euclidean") for c, n in (("spearman", "Spearman"), ("pearson", "Pearson"))],
     MetricInfo("ndcg", True, True, "text retrieval: nDCG@k with qrels scores as gains (trec_eval ndcg_cut)"),
     MetricInfo("map", True, True, "text retrieval: mean average precision cut at k (trec_eval map_cut)"),
     MetricInfo("recall", True, True, "text retrieval: relevant docs within k / relevant docs"),
     MetricInfo("precision", True, True, "text retrieval: relevant docs within k / k"),
     MetricInfo("mrr", True, True, "text retrieval: 1 / rank of the first relevant doc within k, else 0"),
-    MetricInfo("recall_subset", True, True, "composed_retrieval on CIRR: fraction of queries whose target is within "
-                                            "the first k of its img_set less the reference image, in the full "
-                                            "ranking's order (CIRR's Recall_subset@k)"),
-    MetricInfo("cirr_avg", True, False, "composed_retrieval on CIRR: (recall@5 + recall_subset@1) / 2, CIRR's "
-                                        "reported main number (its 'Avg')"),
     *[m for d, q in (("image", "text->image"), ("text", "image->text")) for m in (
         MetricInfo(f"{d}_retrieval_mrr", True, True, f"{q}: mean reciprocal rank of the best positive, 0 beyond k"),
         MetricInfo(f"{d}_retrieval_ndcg", True, True, f"{q}: nDCG@k with binary relevance"),
         MetricInfo(f"{d}_retrieval_mean_rank", False, False, f"{q}: mean 1-based rank of the best positive"),
         MetricInfo(f"{d}_retrieval_median_rank", False, False, f"{q}: median 1-based rank of the best positive"),
     )],
-    # mieb_linear_probe (tasks/score/mieb_probe.py): mteb's ImageClassification scores, mean and spread over experiments
-    *[m for name, what in (("accuracy", "accuracy"), ("f1", "macro F1"), ("f1_weighted", "support-weighted F1"),
-                           ("precision", "macro precision"), ("precision_weighted", "support-weighted precision"),
-                           ("recall", "macro recall"), ("recall_weighted", "support-weighted recall"),
-                           ("ap", "macro average precision of the predicted labels (two classes only)"),
-                           ("ap_weighted", "weighted average precision of the predicted labels (two classes only)"))
-      for m in (MetricInfo(f"mieb_lp_{name}", True, False, f"mieb_linear_probe: mean over experiments of the test "
-                                                             f"{what} of a logistic regression fitted on few-shot "
-                                                             f"train features (MIEB's linear probe)"),
-                MetricInfo(f"mieb_lp_{name}_std", False, False, f"mieb_linear_probe: standard deviation (ddof 0) "
-                                                                f"over experiments of the test {what}"))],
-    # captioning (tasks/score/caption_metrics.py): pycocoevalcap's names, as clip_benchmark's captioning JSON has them
-    *[MetricInfo(f"Bleu_{n}", True, False, f"captioning: corpus BLEU-{n} of the PTB-tokenised captions against the "
-                                          f"references (pycocoevalcap)") for n in range(1, 5)],
-    MetricInfo("METEOR", True, False, "captioning: METEOR 1.5 of the PTB-tokenised captions (pycocoevalcap's Java "
-                                      "scorer, its corpus aggregate)"),
-    MetricInfo("ROUGE_L", True, False, "captioning: mean over images of ROUGE-L (LCS F-measure, beta 1.2, best "
-                                       "reference)"),
-    MetricInfo("CIDEr", True, False, "captioning: mean over images of CIDEr-D (TF-IDF n-gram cosine to the "
-                                     "references, document frequencies from the evaluated set)"),
-    MetricInfo("SPICE", True, False, "captioning: mean over images of SPICE's scene-graph tuple F-score"),
-    MetricInfo("clipscore", True, False, "captioning: mean over images of 2.5 * max(cos(image, 'A photo depicts ' "
-                                         "+ caption), 0) (Hessel et al. 2021)"),
-    MetricInfo("refclipscore", True, False, "captioning: mean over images of the harmonic mean of CLIPScore and the "
-                                            "caption's largest cosine to a prefixed reference (Hessel et al. 2021)"),
-    MetricInfo("knn_acc1", True, False, "knn_classification: fraction of test images whose k nearest train images "
-                                        "(cosine) vote for their class"),
-    MetricInfo("knn_mean_per_class_recall", True, False, "knn_classification: balanced accuracy of the kNN vote"),
-    # multilabel_probe (tasks/score/multilabel_probe.py): mteb's multilabel scores (VOC2007), mean and spread
-    *[m for name, what in (("lrap", "label-ranking average precision of the predicted label sets (MIEB's main "
-                                    "score)"),
-                           ("accuracy", "subset accuracy (predicted label set exactly the true one)"),
-                           ("f1", "macro F1 over the classes"),
-                           ("hamming", "mean per image of |true & predicted| / |true | predicted| (mteb's hamming)"))
-      for m in (MetricInfo(f"multilabel_{name}", True, False, f"multilabel_probe: mean over experiments of the "
-                                                               f"test {what} of a kNN fitted on few-shot train "
-                                                               f"features"),
-                MetricInfo(f"multilabel_{name}_std", False, False, f"multilabel_probe: standard deviation (ddof "
-                                                                   f"0) over experiments of the test {name}"))],
 ]}
 
 _AT_K = re.compile(r"^(?P<metric>[a-z_]+)@(?P<k>\d+)$")
@@ -156,19 +101,21 @@ def selection_group_metric(name: str, metric: str) -> MetricInfo:
                                          f"dataset's reference sub-score)")
 
 
-def split_metric_name(flat: str) -> tuple[MetricInfo, int | None]:
+def split_metric_name(flat: str, known: Mapping[str, MetricInfo] = METRICS) -> tuple[MetricInfo, int | None]:
+    """(metric, k) of a flat name, the metric looked up in ``known`` (the registered tasks' catalog, or the shared
+    metrics alone)."""
     if m := _FACE_GROUP.match(flat):
         return face_group_metric(flat, m["metric"]), None
     if m := _SELECTION_GROUP.match(flat):
         return selection_group_metric(flat, m["metric"]), None
     if m := _ACC_K.match(flat):
-        return METRICS[m["metric"]], int(m["k"])
+        return known[m["metric"]], int(m["k"])
     if m := _AT_K.match(flat):
-        return METRICS[m["metric"]], int(m["k"])
+        return known[m["metric"]], int(m["k"])
     if m := _MTEB.match(flat):
         k = int(m["k"]) if m["k"] else None
         return mteb_metric(m["metric"], k is not None), k
-    return METRICS[flat], None
+    return known[flat], None
 
 
 def flat_metric_name(metric: str, k: int | None) -> str:

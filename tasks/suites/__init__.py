@@ -105,7 +105,9 @@ def metric_parts(main_metric: str) -> list[tuple[str, int | None]]:
         at = int(m.group(1))
         return [("image_retrieval_recall", at), ("text_retrieval_recall", at)]
     try:
-        info, k = split_metric_name(main_metric)
+        from clipcache.tasks.evaluation import metric_catalog
+
+        info, k = split_metric_name(main_metric, metric_catalog())
     except (KeyError, ValueError):
         return [(main_metric, None)]
     return [(info.name, k)]
