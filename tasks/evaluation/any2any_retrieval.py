@@ -13,11 +13,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo
-from clipcache.tasks.datasets.any2any import Any2AnyData, Side, open_any2any
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
@@ -30,9 +27,12 @@ from clipcache.tasks.evaluation.base import (
     ScoreSettings,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy and the reader load when a run uses the task, not when options are read
+    import numpy as np
+
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.datasets.any2any import Any2AnyData, Side
     from clipcache.tasks.progress import StageProgress
 
 K_ALWAYS = 10
@@ -51,6 +51,8 @@ class Any2AnyRetrieval(EvalTask["Any2AnyData"]):
 
         root = dataset_root(source, self.name, "a folder with corpus.jsonl, queries.jsonl "
                             "(records with 'image' or 'text') and qrels/<split>.tsv")
+        from clipcache.tasks.datasets.any2any import open_any2any
+
         data = open_any2any(source.name, root, source.split, source.limit)
         return Prepared(data, len(data.queries.ids), source)
 
@@ -87,6 +89,8 @@ class Any2AnyRetrieval(EvalTask["Any2AnyData"]):
 
     def score(self, store: EmbeddingStore, encoded: Encoded, prepared: Prepared[Any2AnyData],
               settings: ScoreSettings) -> Scored:
+        import numpy as np
+
         from clipcache.tasks.score.retrieval_evidence import rank_text_queries, text_retrieval_evidence
         from clipcache.tasks.score.text_retrieval import per_query_metrics
 
@@ -122,6 +126,8 @@ class Any2AnyRetrieval(EvalTask["Any2AnyData"]):
 def _side_matrix(store: EmbeddingStore, encoded: Encoded, side_name: str, side: Side) -> tuple[np.ndarray, np.ndarray]:
     """The side's embeddings in record order, and which records have one (an image skipped as undecodable has
     none)."""
+    import numpy as np
+
     from clipcache.tasks.score.stage import _expect
 
     n = len(side.ids)
