@@ -11,28 +11,19 @@ import re
 import numpy as np
 import pytest
 import torch
+from mieb_fixtures import RETRIEVAL_README, session, write_configs
 
 from clipcache import connect
 from clipcache.flows.cli import main
 from clipcache.storage.embedding_store import EmbeddingStore
-from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.datasets import check_name, default_task, shapes
 from clipcache.tasks.datasets.mieb.composed_layouts import fashioniq_text, open_composed
-from clipcache.tasks.encode.stage import ModelSession
 from clipcache.tasks.evaluation import evaluate_one
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings
-from clipcache.tasks.models.resolve import resolve_model
-from clipcache.tasks.models.spec import ModelSpec
 from clipcache.tasks.score.composed_retrieval import composed_ranks
 from clipcache.tasks.score.text_retrieval import per_query_metrics
 
 N_IMAGES, N_QUERIES = 24, 16
-
-
-def session():
-    memo = FileHashMemo(None)
-    return ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo), torch.device("cpu"),
-                        amp=False, precision="fp32"), memo
 
 
 def cirr_records():
@@ -61,24 +52,6 @@ def write_cirr(root):
     return root
 
 
-RETRIEVAL_README = """---
-configs:
-- config_name: corpus
-  data_files:
-  - split: test
-    path: corpus/test-*.parquet
-- config_name: queries
-  data_files:
-  - split: test
-    path: queries/test-*.parquet
-- config_name: default
-  data_files:
-  - split: test
-    path: default/test-*.parquet
----
-"""
-
-
 def write_mieb_copy(root, cirr):
     """mteb/mbeir_cirr_task7's layout (configs corpus: id, image; queries: id, text, image; default: qrels) from the
     same images and queries; corpus ids are the CIRR names, so pytrec_eval breaks ties alike."""
@@ -98,11 +71,7 @@ def write_mieb_copy(root, cirr):
                                       "corpus-id": [r["target_hard"] for r in records],
                                       "score": [1] * len(records)}),
     }
-    for name, part in parts.items():
-        (root / name).mkdir(parents=True, exist_ok=True)
-        part.to_parquet(str(root / name / "test-00000-of-00001.parquet"))
-    (root / "README.md").write_text(RETRIEVAL_README)
-    return root
+    return write_configs(root, parts, RETRIEVAL_README)
 
 
 def test_reference_exclusion_and_tie_order_on_a_hand_computed_case():

@@ -15,17 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from mieb_fixtures import BATCH, BEIR_README, RETRIEVAL_README, session, write_configs, write_split
 
 from clipcache.storage.embedding_store import EmbeddingStore
-from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.datasets import shapes
-from clipcache.tasks.encode.stage import ModelSession
 from clipcache.tasks.evaluation import evaluate_one
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings
-from clipcache.tasks.models.resolve import resolve_model
-from clipcache.tasks.models.spec import ModelSpec
 
-BATCH = 8
 ASSET = Path(__file__).parents[1] / "tasks" / "models" / "assets" / "tiny-shapes-clip"
 
 
@@ -65,17 +61,10 @@ def reference_encoder():
     return Reference()
 
 
-def session() -> tuple[ModelSession, FileHashMemo]:
-    memo = FileHashMemo(None)
-    return ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo), torch.device("cpu"),
-                        amp=False, precision="fp32"), memo
-
-
 def write_parquet(root: Path, split: str, columns: dict, features: dict) -> None:
     from datasets import Dataset, Features
 
-    (root / "data").mkdir(parents=True, exist_ok=True)
-    Dataset.from_dict(columns, features=Features(features)).to_parquet(str(root / "data" / f"{split}-00000-of-00001.parquet"))
+    write_split(root, split, Dataset.from_dict(columns, features=Features(features)))
 
 
 def write_winoground_copy(root: Path, n: int = 12) -> Path:
@@ -176,24 +165,6 @@ def write_rendered_sts17_copy(root: Path) -> Path:
     return root
 
 
-VIDORE_README = """---
-configs:
-- config_name: corpus
-  data_files:
-  - split: test
-    path: corpus/test-*.parquet
-- config_name: queries
-  data_files:
-  - split: test
-    path: queries/test-*.parquet
-- config_name: qrels
-  data_files:
-  - split: test
-    path: qrels/test-*.parquet
----
-"""
-
-
 def write_vidore_copy(root: Path, n: int = 16) -> Path:
     """A ViDoRe BEIR-style snapshot (VidoreDocVQARetrieval: configs corpus (corpus-id, image), queries (query-id,
     query), qrels): the pages are shapes images, each query names one page's class (document understanding:
@@ -208,11 +179,7 @@ def write_vidore_copy(root: Path, n: int = 16) -> Path:
             f"a photo of a {shapes.CLASSNAMES[int(x)]}." for x in ds.labels]}),
         "qrels": Dataset.from_dict({"query-id": list(range(n)), "corpus-id": list(range(n)), "score": [1] * n}),
     }
-    for name, part in parts.items():
-        (root / name).mkdir(parents=True, exist_ok=True)
-        part.to_parquet(str(root / name / "test-00000-of-00001.parquet"))
-    (root / "README.md").write_text(VIDORE_README)
-    return root
+    return write_configs(root, parts, BEIR_README)
 
 
 def write_retrieval_copy(root: Path, query: tuple[str, ...], corpus: tuple[str, ...], n: int = 12) -> Path:
@@ -220,7 +187,6 @@ def write_retrieval_copy(root: Path, query: tuple[str, ...], corpus: tuple[str, 
     with the given sides: query i is test image i and/or a text naming its class; its one relevant document is a
     train image of the same class and/or a caption naming it, among n documents."""
     from datasets import Dataset, Features, Image, Value
-    from test_mieb_runner import RETRIEVAL_README
 
     test = shapes.load_shapes("fixture", "zeroshot_classification", "test", n)
     train = shapes.load_shapes("fixture", "zeroshot_classification", "train", 200)
@@ -241,11 +207,7 @@ def write_retrieval_copy(root: Path, query: tuple[str, ...], corpus: tuple[str, 
         "default": Dataset.from_dict({"query-id": [f"q{i}" for i in range(n)], "corpus-id": [f"d{i}" for i in range(n)],
                                       "score": [1] * n}),
     }
-    for name, part in parts.items():
-        (root / name).mkdir(parents=True, exist_ok=True)
-        part.to_parquet(str(root / name / "test-00000-of-00001.parquet"))
-    (root / "README.md").write_text(RETRIEVAL_README)
-    return root
+    return write_configs(root, parts, RETRIEVAL_README)
 
 
 def mteb_reference(name: str, root: Path):

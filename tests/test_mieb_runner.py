@@ -10,30 +10,19 @@ import json
 
 import numpy as np
 import pytest
-import torch
+from mieb_fixtures import BATCH, RETRIEVAL_README, mteb_uncached, session, write_configs, write_split
 
 from clipcache import connect
 from clipcache.flows.cli import main
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import ConfigError, DatasetError
-from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.contract import CacheMissError
 from clipcache.tasks.datasets import check_name, default_task, shapes
-from clipcache.tasks.encode.stage import ModelSession
 from clipcache.tasks.evaluation import evaluate_one
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings
-from clipcache.tasks.models.resolve import resolve_model
-from clipcache.tasks.models.spec import ModelSpec
 from clipcache.tasks.score.metrics import flat_metric_name, split_metric_name
 
-BATCH = 8
 N_IMAGES = 48
-
-
-def session() -> tuple[ModelSession, FileHashMemo]:
-    memo = FileHashMemo(None)
-    return ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo), torch.device("cpu"),
-                        amp=False, precision="fp32"), memo
 
 
 def write_cifar10_copy(root, n=N_IMAGES):
@@ -46,27 +35,8 @@ def write_cifar10_copy(root, n=N_IMAGES):
     labels = [int(v) for v in ds.labels]
     table = Dataset.from_dict({"img": images + images[:4], "label": labels + labels[:4]},
                               features=Features({"img": Image(), "label": ClassLabel(names=list(shapes.CLASSNAMES))}))
-    (root / "data").mkdir(parents=True, exist_ok=True)
-    table.to_parquet(str(root / "data" / "test-00000-of-00001.parquet"))
+    write_split(root, "test", table)
     return root
-
-
-RETRIEVAL_README = """---
-configs:
-- config_name: corpus
-  data_files:
-  - split: test
-    path: corpus/test-*.parquet
-- config_name: queries
-  data_files:
-  - split: test
-    path: queries/test-*.parquet
-- config_name: default
-  data_files:
-  - split: test
-    path: default/test-*.parquet
----
-"""
 
 
 def write_flickr_i2t_copy(root, n=16):
@@ -90,11 +60,7 @@ def write_flickr_i2t_copy(root, n=16):
         "default": Dataset.from_dict({"query-id": [q for q, _ in qrels], "corpus-id": [d for _, d in qrels],
                                       "score": [1] * len(qrels)}),
     }
-    for name, part in parts.items():
-        (root / name).mkdir(parents=True, exist_ok=True)
-        part.to_parquet(str(root / name / "test-00000-of-00001.parquet"))
-    (root / "README.md").write_text(RETRIEVAL_README)
-    return root
+    return write_configs(root, parts, RETRIEVAL_README)
 
 
 @pytest.fixture(scope="module")
@@ -123,21 +89,6 @@ def counting(model_session, monkeypatch):
     return counts
 
 
-def mteb_uncached(name, root, model):
-    """mteb.evaluate itself, on the same local copy, with the same model and no cache."""
-    import mteb
-
-    from clipcache.tasks.datasets.mieb.mieb_tasks import load_mieb
-    from clipcache.tasks.encode.mteb_encoder import UncachedMtebEncoder, model_meta
-
-    data = load_mieb(name, root, "test", "en")
-    encoder = UncachedMtebEncoder(model, model_meta("clipcache/tiny-shapes-clip", "uncached"))
-    result = mteb.evaluate(encoder, data.task, cache=None, co2_tracker=False, show_progress_bar=False,
-                           encode_kwargs={"batch_size": BATCH})
-    [scores] = result.task_results[0].scores["test"]
-    return scores, encoder.counts
-
-
 @pytest.mark.parametrize("name", ["CIFAR10ZeroShot", "CIFAR10Clustering", "Flickr30kI2TRetrieval"])
 def test_equal_to_mteb_evaluate_uncached_and_a_rerun_encodes_nothing(name, copies, tmp_path, monkeypatch):
     model_session, memo = session()
@@ -146,7 +97,8 @@ def test_equal_to_mteb_evaluate_uncached_and_a_rerun_encodes_nothing(name, copie
     source = DataSource(f"mieb:{name}", str(copies[name]))
     scored = evaluate_one("mieb", model_session, source, store, memo, encode=EncodeSettings(BATCH, 0))
     cold = dict(counts)
-    theirs, encoded = mteb_uncached(name, copies[name], model_session.model)
+    theirs, encoder = mteb_uncached(name, copies[name], model_session.model)
+    encoded = encoder.counts
     ours = {k.removeprefix("mteb_"): v for k, v in scored.metrics.items()}
     numbers = {k: v for k, v in theirs.items() if v is None or isinstance(v, int | float)}
     assert set(ours) == set(numbers) and len(numbers) >= 5  # every number mteb reports, and nothing else

@@ -11,49 +11,20 @@ import hashlib
 import io
 
 import pytest
-import torch
+from mieb_fixtures import BATCH, BEIR_README, mteb_uncached, session, write_configs
 from PIL import Image
 
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.storage.errors import DatasetError
-from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.datasets import default_task, shapes
-from clipcache.tasks.encode.stage import ModelSession
 from clipcache.tasks.evaluation import evaluate_one
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, ScoreSettings
-from clipcache.tasks.models.resolve import resolve_model
-from clipcache.tasks.models.spec import ModelSpec
 
-BATCH = 8
 N_PAGES = 14
 PAGE = (180, 250)  # larger than the model's input, not square: the model's own resize and crop apply
 FAMILIES = ("ndcg", "map", "recall", "precision", "mrr")
 K_VALUES = (1, 3, 5, 10, 20, 100, 1000)
 V1_TASK, V2_TASK = "VidoreTabfquadRetrieval", "Vidore2ESGReportsRetrieval"
-README = """---
-configs:
-- config_name: corpus
-  data_files:
-  - split: test
-    path: corpus/test-*.parquet
-- config_name: queries
-  data_files:
-  - split: test
-    path: queries/test-*.parquet
-- config_name: qrels
-  data_files:
-  - split: test
-    path: qrels/test-*.parquet
----
-"""
-
-
-def session() -> tuple[ModelSession, FileHashMemo]:
-    memo = FileHashMemo(None)
-    return ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo), torch.device("cpu"),
-                        amp=False, precision="fp32"), memo
-
-
 def page_png(image: Image.Image) -> bytes:
     out = io.BytesIO()
     image.resize(PAGE, Image.Resampling.NEAREST).save(out, format="PNG")
@@ -120,11 +91,7 @@ def write_beir_copy(root, corpus, queries, qrels, languages=None):
         "qrels": Dataset.from_dict({"query-id": [q for q, _, _ in qrels], "corpus-id": [d for _, d, _ in qrels],
                                     "score": [s for _, _, s in qrels]}),
     }
-    for name, part in parts.items():
-        (root / name).mkdir(parents=True)
-        part.to_parquet(str(root / name / "test-00000-of-00001.parquet"))
-    (root / "README.md").write_text(README)
-    return root
+    return write_configs(root, parts, BEIR_README)
 
 
 def v2_parts(rows):
@@ -148,21 +115,6 @@ def copies(tmp_path_factory):
     corpus, queries, qrels, languages = v2_parts(rows)
     v2 = write_beir_copy(base / "esg_reports_v2", corpus, queries, qrels, languages)
     return {"qa": qa, "beir": beir, "v2": v2}
-
-
-def mteb_uncached(name, root, model, language="en"):
-    """mteb.evaluate itself on the BEIR copy: mteb's ViDoRe loader and pytrec_eval, the same model, no cache."""
-    import mteb
-
-    from clipcache.tasks.datasets.mieb.mieb_tasks import load_mieb
-    from clipcache.tasks.encode.mteb_encoder import UncachedMtebEncoder, model_meta
-
-    data = load_mieb(name, root, "test", language)
-    encoder = UncachedMtebEncoder(model, model_meta("clipcache/tiny-shapes-clip", "uncached"))
-    result = mteb.evaluate(encoder, data.task, cache=None, co2_tracker=False, show_progress_bar=False,
-                           encode_kwargs={"batch_size": BATCH})
-    [scores] = result.task_results[0].scores["test"]
-    return scores
 
 
 def counting(model_session, monkeypatch):
@@ -202,7 +154,7 @@ def test_v1_rows_and_their_beir_conversion_equal_mteb(copies, tmp_path, monkeypa
     assert counts == {"images": N_PAGES, "texts": N_PAGES}
     assert qa.n_samples == N_PAGES
     beir = run(copies["beir"], store, model_session, memo)
-    theirs = mteb_uncached(V1_TASK, copies["beir"], model_session.model)
+    theirs, _ = mteb_uncached(V1_TASK, copies["beir"], model_session.model)
     assert_equal_to_mteb(qa.metrics, theirs)
     assert_equal_to_mteb(beir.metrics, theirs)
     assert 0.1 < qa.metrics["ndcg@5"] < 0.99  # not a trivial set
@@ -218,7 +170,7 @@ def test_v1_rows_and_their_beir_conversion_equal_mteb(copies, tmp_path, monkeypa
 def test_v2_languages_graded_and_zero_judgments_equal_mteb(copies, tmp_path, language, subset):
     model_session, memo = session()
     ours = run(copies["v2"], EmbeddingStore(tmp_path / "cache"), model_session, memo, language=language)
-    theirs = mteb_uncached(V2_TASK, copies["v2"], model_session.model, subset)
+    theirs, _ = mteb_uncached(V2_TASK, copies["v2"], model_session.model, subset)
     assert_equal_to_mteb(ours.metrics, theirs)
     assert ours.n_samples == N_PAGES + (subset == "english")  # the query judged 0 only counts in English
 
@@ -233,7 +185,7 @@ def test_tied_pages_rank_as_pytrec_eval(tmp_path, monkeypatch):
     counts = counting(model_session, monkeypatch)
     ours = run(root, EmbeddingStore(tmp_path / "cache"), model_session, memo)
     assert counts["images"] == N_PAGES
-    theirs = mteb_uncached(V1_TASK, root, model_session.model)
+    theirs, _ = mteb_uncached(V1_TASK, root, model_session.model)
     assert_equal_to_mteb(ours.metrics, theirs)
     plain = run(write_beir_copy(tmp_path / "plain", corpus, queries, qrels), EmbeddingStore(tmp_path / "cache"),
                 model_session, memo)
@@ -245,7 +197,7 @@ def test_mieb_vidore_equals_mteb_and_reruns_without_a_forward_pass(copies, tmp_p
     store = EmbeddingStore(tmp_path / "cache")
     source = DataSource(f"mieb:{V1_TASK}", str(copies["beir"]))
     scored = evaluate_one("mieb", model_session, source, store, memo, encode=EncodeSettings(BATCH, 0))
-    theirs = mteb_uncached(V1_TASK, copies["beir"], model_session.model)
+    theirs, _ = mteb_uncached(V1_TASK, copies["beir"], model_session.model)
     for family in FAMILIES:
         for k in K_VALUES:
             assert scored.metrics[f"mteb_{family}_at_{k}"] == pytest.approx(theirs[f"{family}_at_{k}"], abs=1e-6)
