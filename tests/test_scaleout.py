@@ -165,7 +165,9 @@ def test_sharded_skip_of_corrupt_images_equals_single_process(prefect_server, tm
 @pytest.mark.slow
 def test_existing_dask_scheduler_by_address(prefect_server, single_process, tmp_path):
     """`dask scheduler` + `dask worker` processes started on their own, reached as dask://127.0.0.1:PORT; the
-    workers report their task runs to the same Prefect API as the flow (PREFECT_API_URL), as a deployment would."""
+    worker reports its task runs to the same Prefect API as the flow (PREFECT_API_URL), as a deployment would. One
+    worker process with two threads (each worker process imports torch; results from several worker processes are
+    test_dask_local_cluster_with_two_workers_matches_single_process's)."""
     import os
     import socket
     import subprocess
@@ -189,7 +191,7 @@ def test_existing_dask_scheduler_by_address(prefect_server, single_process, tmp_
     try:
         time.sleep(2)
         procs.append(subprocess.Popen([str(bin_dir / "dask"), "worker", f"tcp://127.0.0.1:{port}", "--nworkers",
-                                       "2", "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"], env=env,
+                                       "1", "--nthreads", "2", "--no-dashboard", "--host", "127.0.0.1"], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         params = EvaluateParams(**BASE, cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "out"),
                                 task_runner=f"dask://127.0.0.1:{port}", shard_rows=48)
