@@ -38,7 +38,7 @@ test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -m "not full" -q $(PYTEST_PARALLEL)
 
 test-faults: $(STAMP)
-	$(VENV)/bin/python -m pytest -q tests/test_faults.py tests/test_bad_input_corpus.py
+	$(VENV)/bin/python -m pytest -q tests/test_faults.py tests/test_faults_prefect.py tests/test_bad_input_corpus.py
 
 test-hostile: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m hostile

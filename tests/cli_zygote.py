@@ -47,10 +47,12 @@ class Zygote:
             self.close()
             raise RuntimeError(f"the CLI zygote did not start: {ready!r}")
 
-    def run(self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float,
+            fsize: int | None = None) -> subprocess.CompletedProcess:
+        """``fsize``: a file-size limit (RLIMIT_FSIZE, bytes) set in the CLI process, as a ``preexec_fn`` would."""
         name = uuid.uuid4().hex
         out, err = Path(self._dir.name) / f"{name}.out", Path(self._dir.name) / f"{name}.err"
-        request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err), "fsize": fsize}
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(self._address)
             conn.sendall(json.dumps(request).encode() + b"\n")
@@ -90,6 +92,10 @@ def _cli(request: dict) -> int:
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        if request.get("fsize") is not None:  # after the redirections: their files are not limited by it
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_FSIZE, (request["fsize"], request["fsize"]))
         sys.argv = ["clipcache", *request["argv"]]
         from clipcache.flows.cli import main
 

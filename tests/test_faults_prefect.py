@@ -1,0 +1,74 @@
+"""Fault injection around the CLI's private Prefect server (marked ``faults``; runs in CI with the full suite): a
+CLI killed by SIGKILL, SIGTERM or Ctrl-C leaves no process it started behind, and a CLI with a private server exits
+cleanly. The console script itself runs here (not tests/cli_zygote.py's fork): what is checked is the process tree."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from test_faults import CLI, env
+
+pytestmark = [pytest.mark.faults, pytest.mark.full]
+
+
+def run_console_script(argv: list[str], work: Path, **extra: str) -> subprocess.CompletedProcess:
+    work.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([str(CLI), *argv], cwd=work, env=env(PREFECT_HOME=str(work / "prefect"), **extra),
+                          capture_output=True, text=True, timeout=300)
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = set(), [pid]
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            if child not in found:
+                found.add(child)
+                frontier.append(child)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc (Linux)")
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "Ctrl-C"])
+def test_a_killed_cli_leaves_no_prefect_server_behind(tmp_path, how):
+    argv = ["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--orchestrator", "prefect", "--quiet",
+            "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]
+    proc = subprocess.Popen([str(CLI), *argv], cwd=tmp_path, env=env(PREFECT_HOME=str(tmp_path / "prefect")),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, tree = time.monotonic() + 180, set()
+    while time.monotonic() < deadline and proc.poll() is None:
+        tree = _descendants(proc.pid)
+        if any(b"server" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in tree
+               if Path(f"/proc/{pid}/cmdline").exists()):
+            break
+        time.sleep(0.2)
+    assert tree and proc.poll() is None, "the CLI did not start its private Prefect server"
+    time.sleep(3)  # let the server get going (and spawn whatever it spawns)
+    tree = _descendants(proc.pid)
+    proc.send_signal(how)
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in tree):
+        time.sleep(0.2)
+    survivors = [pid for pid in tree if Path(f"/proc/{pid}").exists()
+                 and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    assert survivors == [], f"processes the killed CLI started are still running: {survivors}"
+
+
+def test_a_cli_with_a_private_server_exits_cleanly(tmp_path):
+    done = run_console_script(["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "40", "--orchestrator",
+                "prefect", "--quiet", "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")],
+               tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Error logging to API" not in done.stderr and "Traceback" not in done.stderr
