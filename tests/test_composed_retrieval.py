@@ -11,7 +11,6 @@ import re
 import numpy as np
 import pytest
 import torch
-from mieb_fixtures import RETRIEVAL_README, session, write_configs
 
 from clipcache import connect
 from clipcache.flows.cli import main
@@ -22,6 +21,8 @@ from clipcache.tasks.evaluation import evaluate_one
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings
 from clipcache.tasks.score.composed_retrieval import composed_ranks
 from clipcache.tasks.score.text_retrieval import per_query_metrics
+
+from mieb_fixtures import RETRIEVAL_README, session, write_configs
 
 N_IMAGES, N_QUERIES = 24, 16
 

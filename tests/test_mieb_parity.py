@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from mieb_fixtures import BATCH, BEIR_README, RETRIEVAL_README, session, write_configs, write_split
 
 from clipcache.storage.embedding_store import EmbeddingStore
 from clipcache.tasks.datasets import shapes
 from clipcache.tasks.evaluation import evaluate_one
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings
+
+from mieb_fixtures import BATCH, BEIR_README, RETRIEVAL_README, session, write_configs, write_split
 
 ASSET = Path(__file__).parents[1] / "tasks" / "models" / "assets" / "tiny-shapes-clip"
 

@@ -10,7 +10,6 @@ import json
 
 import numpy as np
 import pytest
-from mieb_fixtures import BATCH, RETRIEVAL_README, mteb_uncached, session, write_configs, write_split
 
 from clipcache import connect
 from clipcache.flows.cli import main
@@ -21,6 +20,8 @@ from clipcache.tasks.datasets import check_name, default_task, shapes
 from clipcache.tasks.evaluation import evaluate_one
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings
 from clipcache.tasks.score.metrics import flat_metric_name, split_metric_name
+
+from mieb_fixtures import BATCH, RETRIEVAL_README, mteb_uncached, session, write_configs, write_split
 
 N_IMAGES = 48
 

@@ -11,7 +11,6 @@ import hashlib
 import io
 
 import pytest
-from mieb_fixtures import BATCH, BEIR_README, mteb_uncached, session, write_configs
 from PIL import Image
 
 from clipcache.storage.embedding_store import EmbeddingStore
@@ -19,6 +18,8 @@ from clipcache.storage.errors import DatasetError
 from clipcache.tasks.datasets import default_task, shapes
 from clipcache.tasks.evaluation import evaluate_one
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings, ScoreSettings
+
+from mieb_fixtures import BATCH, BEIR_README, mteb_uncached, session, write_configs
 
 N_PAGES = 14
 PAGE = (180, 250)  # larger than the model's input, not square: the model's own resize and crop apply
