@@ -221,3 +221,83 @@ def test_leaderboard_values_carry_their_interval_bars(tmp_path):
     rows = {m.group(1): m.group(0) for m in re.finditer(r"<tr><td>m</td><td>(cls|ret)</td>.*?</tr>", page)}
     assert 'aria-label="95% interval 0.8400 to 0.9500"' in rows["cls"] and "0.8400–0.9500" in rows["cls"]
     assert "<svg" not in rows["ret"] and '<td class="num">0.7000</td>' in rows["ret"]
+
+
+
+@pytest.fixture(scope="module")
+def caption_pages(tmp_path_factory):
+    """Two captioning experiments of the tiny random CoCa (tests/test_captioning.py), its own generated captions and
+    a user's captions file, with markup in one reference and one caption, and `report --compare` of the two."""
+    import json
+
+    from test_captioning import write_tiny_coca
+
+    from clipcache.flows.cli import main
+
+    from conftest import write_image_queries
+
+    root = tmp_path_factory.mktemp("caption-pages")
+    model = write_tiny_coca(root / "tiny-coca")
+    data = write_image_queries(root / "data", n=4)
+    lines = [json.loads(x) for x in (data / "image_queries.jsonl").read_text().splitlines()]
+    lines[0]["query"] = [*lines[0]["query"], "<b>a shape</b> & 'more'"]
+    (data / "image_queries.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    mine = ["<script>alert(1)</script>", *(line["query"][0] for line in lines[1:])]
+    (root / "mine.jsonl").write_text("".join(json.dumps({"image": Path(line["image_path"]).name, "caption": c}) + "\n"
+                                             for line, c in zip(lines, mine, strict=True)))
+    out = root / "out"
+    common = ["eval", "--model", model, "--dataset", "custom", "--dataset_root", str(data), "--task", "captioning",
+              "--caption_metrics", "clipscore", "--caption_seq_len", "8", "--quiet", "--orchestrator", "local",
+              "--output_dir", str(out), "--cache_dir", str(root / "cache")]
+    assert main(common) == 0 and main([*common, "--caption_source", str(root / "mine.jsonl")]) == 0
+    con = connect(out)
+    ids = dict(con.sql("SELECT DISTINCT json_extract_string(task_options, '$.caption_source') IS NOT NULL, "
+                       "experiment_id FROM metrics WHERE task = 'captioning'").fetchall())
+    assert main(["report", "--output_dir", str(out), "--compare", ids[False], ids[True], "--out",
+                 str(root / "pages")]) == 0
+    return {"root": root, "pages": root / "pages", "con": con, "ids": ids, "lines": lines, "mine": mine}
+
+
+def test_captioning_compare_page_shows_each_image_with_both_captions_and_its_references(caption_pages):
+    """The index links a page on which each image has both captions and its references, as text, and each side's
+    scores equal to the warehouse's rows, the largest difference first."""
+    import html
+
+    pages, ids, mine = caption_pages["pages"], caption_pages["ids"], caption_pages["mine"]
+    stored = caption_pages["con"].execute(
+        "SELECT sample_index, baseline_caption, candidate_caption, reference_captions, baseline_value, "
+        "candidate_value FROM caption_pairs(?, ?) WHERE unit = 'caption_clipscore' ORDER BY sample_index",
+        [ids[False], ids[True]]).fetchall()
+    assert [r[2] for r in stored] == mine and [r[3] for r in stored] == [x["query"] for x in caption_pages["lines"]]
+    assert all(len(r[1]) > 0 for r in stored)  # the CoCa's own captions
+    index = (pages / "index.html").read_text()
+    [link] = re.findall(r"<a href='([^']+\.html)'>custom</a></td><td>captioning</td><td>captions</td>"
+                        r"<td class='num'>4</td>", index)
+    page = (pages / link).read_text()
+    assert "<script>" not in page and "<b>" not in page
+    rows = re.findall(r"<tr><td><img class='thumb' src='([^']+)'[^>]*></td><td>([^<]*)</td><td>([^<]*)</td>"
+                      r"<td><ul class='refs'>(.*?)</ul></td>((?:<td class='num'>[^<]*</td>)+)</tr>", page)
+    shown = {html.unescape(b): (src, html.unescape(a), [html.unescape(r) for r in re.findall(r"<li>([^<]*)</li>",
+                                                                                           refs)],
+                                re.findall(r"<td class='num'>([^<]*)</td>", scores)) for src, a, b, refs, scores in rows}
+    assert len(rows) == 4 and set(shown) == set(mine)
+    for i, a, b, refs, va, vb in stored:
+        src, a_shown, refs_shown, scores = shown[b]
+        assert (a_shown, refs_shown) == (a, refs)
+        assert (pages / src).is_file() and src.endswith(f"/{i}.jpg")
+        assert scores[:2] == [f"{va:.4f}", f"{vb:.4f}"]  # clipscore's columns come first (the rows' order)
+    gaps = {b: abs(vb - va) for _, _, b, _, va, vb in stored}
+    assert [gaps[html.unescape(b)] for _, _, b, _, _ in rows] == sorted(gaps.values(), reverse=True)
+
+
+@pytest.mark.slow
+def test_captioning_compare_page_in_a_real_browser(caption_pages, tmp_path):
+    """Chromium loads the page without a console message, decodes every thumbnail, and shows the markup of a
+    caption and a reference as text."""
+    pages = caption_pages["pages"]
+    [link] = re.findall(r"<a href='([^']+\.html)'>custom</a>", (pages / "index.html").read_text())
+    dom, console = chromium_dom(pages / link, tmp_path / "profile")
+    assert console == []
+    check = image_check(dom)
+    assert check["bad"] == [] and check["images"] == 4
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom and "&lt;b&gt;a shape&lt;/b&gt; &amp; 'more'" in dom

@@ -104,21 +104,27 @@ def test_the_compare_pages_show_markup_in_names_captions_and_paths_as_text():
 
 
 def test_the_captioning_compare_page_shows_each_image_with_both_captions():
-    """The page issue #43's caption rows will fill (not yet wired into `report --compare`: the sample rows do not
-    carry the caption text yet)."""
+    """Hand-made rows (tests/test_report_compare.py builds them from two captioning runs): each image's two captions,
+    its references and the scores, as text; the index links the page with its images and means."""
     side = {"model": HOSTILE, "pretrained": None, "sample_limit": None, "dataset": "flickr8k", "split": "test",
             "language": "en", "precision": "fp32", "task": "captioning", "experiment_id": "e1"}
-    rows = [flip_pages.CaptionRow(0, HOSTILE, "a red circle", {"cider": 0.5}, {"cider": 1.25}),
+    rows = [flip_pages.CaptionRow(0, HOSTILE, "a red circle", {"cider": 0.5}, {"cider": 1.25}, [HOSTILE, "red"]),
             flip_pages.CaptionRow(1, "a blue square", None, {}, {"cider": 0.0})]
     page = flip_pages.CaptionPage("00-flickr8k.html", side, {**side, "model": "b", "experiment_id": "e2"}, rows,
-                                  ["cider"], DatasetView(), {0: "thumbs/0.jpg"})
+                                  ["cider"], DatasetView(), {0: "thumbs/0.jpg"}, n_images=7, means=(0.25, 0.5))
     html = flip_pages.render_caption_page(page, "a", "b")
     assert_text_only(html)
     body = re.findall(r"<tr><td>(<img[^>]*>|<span class='noimg'[^<]*</span>)</td><td>([^<]*)</td><td>([^<]*)</td>"
-                      r"<td class='num'>([^<]*)</td><td class='num'>([^<]*)</td></tr>", html)
+                      r"<td><ul class='refs'>(.*?)</ul></td><td class='num'>([^<]*)</td><td class='num'>([^<]*)</td>"
+                      r"</tr>", html)
     assert body == [("<img class='thumb' src='thumbs/0.jpg' alt='image 0' title='image 0'>", ESCAPED,
-                     "a red circle", "0.5000", "1.2500"),
-                    ("<span class='noimg' title='image 1'>#1</span>", "a blue square", "", "–", "0.0000")]
+                     "a red circle", f"<li>{ESCAPED}</li><li>red</li>", "0.5000", "1.2500"),
+                    ("<span class='noimg' title='image 1'>#1</span>", "a blue square", "", "", "–", "0.0000")]
+    assert "the 2 of 7 images whose cider differs most between A and B" in html
+    index = flip_pages.render_index([], [], HOSTILE, "b", captions=[page])
+    assert_text_only(index)
+    assert ("<td><a href='00-flickr8k.html'>flickr8k</a></td><td>captioning</td><td>captions</td>"
+            "<td class='num'>7</td>") in index and "mean cider: A 0.2500, B 0.5000" in index
 
 
 def test_templates_autoescape_and_ship_with_the_package():

@@ -36,29 +36,32 @@ class PairPage:
 
 @dataclass
 class CaptionRow:
-    """One image of a captioning comparison: each side's caption and its per-image scores (metric -> value)."""
+    """One image of a captioning comparison: each side's caption, its per-image scores (metric -> value) and the
+    image's reference captions."""
 
     sample_index: int
     a_caption: str | None
     b_caption: str | None
     a_scores: dict[str, float] = field(default_factory=dict)
     b_scores: dict[str, float] = field(default_factory=dict)
+    references: list[str] = field(default_factory=list)
 
 
 @dataclass
 class CaptionPage:
     """A captioning comparison page: experiments A and B of ``--task captioning`` on one dataset, each image with
-    both captions. The hook for issue #43's per-image caption text: once the sample rows carry each image's
-    generated caption, ``compare_report`` builds one of these for a captioning pair (which has no right-or-wrong
-    flips) from both sides' rows; the page itself is ready (compare_captions.html.j2, tested with hand-made rows)."""
+    both captions and its references (a captioning pair has no right-or-wrong flips). ``compare_report`` builds it
+    from both sides' sample rows (caption_compare.caption_table): the images whose main score differs most first."""
 
     file: str
     a: dict[str, Any]
     b: dict[str, Any]
     rows: list[CaptionRow]
-    metrics: list[str] = field(default_factory=list)  # the per-image scores shown, in order
+    metrics: list[str] = field(default_factory=list)  # the per-image scores shown, in order (the first orders rows)
     view: DatasetView = field(default_factory=DatasetView)
     thumbs: dict[int, str] = field(default_factory=dict)
+    n_images: int = 0  # images both sides captioned (the rows shown are the first ``len(rows)`` of them)
+    means: tuple[float, float] | None = None  # A's and B's mean of ``metrics[0]`` over all ``n_images``
 
 
 def side_label(experiment: dict[str, Any]) -> str:
@@ -126,9 +129,9 @@ def render_caption_page(page: CaptionPage, a_selector: str, b_selector: str) -> 
 
 
 def render_index(pages: list[PairPage], skipped: list[tuple[dict[str, Any], dict[str, Any]]], a_selector: str,
-                 b_selector: str) -> str:
+                 b_selector: str, *, captions: list[CaptionPage] | None = None) -> str:
     from clipcache.tasks.report.pages import render
 
-    return render("compare_index.html.j2", pages=pages, skipped=skipped, a_selector=a_selector,
+    return render("compare_index.html.j2", pages=pages, skipped=skipped, captions=captions or [], a_selector=a_selector,
                   b_selector=b_selector, now=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                   dataset_label=dataset_label)
