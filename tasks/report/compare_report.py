@@ -116,7 +116,8 @@ def _write_pages(folder: Path, pages: list[PairPage], skipped: list[tuple[dict[s
     )
     from clipcache.tasks.report.sample_media import open_view, write_thumbnail
 
-    for page in [*pages, *captions]:
+    every: list[PairPage | CaptionPage] = [*pages, *captions]
+    for page in every:
         # A's run opened the data; B's may have had it elsewhere (another machine, a moved folder)
         view = open_view(sources[page.a["experiment_id"]])
         if view.dataset is None:
@@ -138,7 +139,7 @@ def _write_pages(folder: Path, pages: list[PairPage], skipped: list[tuple[dict[s
     (folder / "index.html").write_text(render_index(pages, skipped, baseline, candidate, captions=captions),
                                        encoding="utf-8")
     marker = {"baseline": baseline, "candidate": candidate,
-              "pairs": [[p.a["experiment_id"], p.b["experiment_id"]] for p in [*pages, *captions]]}
+              "pairs": [[p.a["experiment_id"], p.b["experiment_id"]] for p in every]}
     (folder / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
 
 
