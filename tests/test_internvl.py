@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from internvl_fixtures import make_internvl_folder
+from internvl_fixtures import fork_retrieval_wiring, make_internvl_folder
 from layout_fixtures import write_layout, write_mnist
 from PIL import Image
 
@@ -205,7 +205,6 @@ def test_numbers_equal_clip_benchmark_with_the_model_wired_as_internvls_fork_wir
     (encode_image in the G mode, the fork's summarize:/80-token tokenizer, the square-resize transform)."""
     from clip_benchmark.datasets.builder import build_dataset
     from clip_benchmark.metrics import zeroshot_retrieval
-    from transformers import AutoModel, AutoTokenizer, CLIPImageProcessor
 
     (here / "result_g.json").unlink(missing_ok=True)
     # the fixture has 4 test images: clip_benchmark's torch.topk needs k <= 4
@@ -213,35 +212,14 @@ def test_numbers_equal_clip_benchmark_with_the_model_wired_as_internvls_fork_wir
     assert code == 0, err
     ours = json.loads((here / "result_g.json").read_text())["metrics"]
 
-    folder = Path(FOLDER)
-    module = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
-    processor = CLIPImageProcessor.from_pretrained(folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder, use_fast=False, add_bos_token=True, add_eos_token=True,
-                                              padding_side="right")
-    tokenizer.pad_token_id = 0
-
-    class Fork(torch.nn.Module):  # the fork's model object: encode_image / encode_text of one head
-        def encode_image(self, image):
-            return module.encode_image(image, mode="InternVL-G")
-
-        def encode_text(self, text):
-            return module.encode_text(text)
-
-    def tokenize(texts):
-        return tokenizer(["summarize:" + t for t in texts], return_tensors="pt", max_length=80, truncation=True,
-                         padding="max_length").input_ids
-
-    def transform(image):
-        return processor(images=image.convert("RGB"), return_tensors="pt", do_center_crop=False,
-                         size={"height": 32, "width": 32}).pixel_values[0]
-
+    model, tokenize, transform = fork_retrieval_wiring(FOLDER, "InternVL-G")
     ds = build_dataset(dataset_name="mscoco_captions", root="./data/mscoco_captions", transform=transform,
                        split="test", download=False, task="zeroshot_retrieval")
     from clip_benchmark.datasets.builder import get_dataset_collate_fn
 
     loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=False, num_workers=0,
                                          collate_fn=get_dataset_collate_fn("mscoco_captions"))
-    theirs = zeroshot_retrieval.evaluate(Fork(), loader, tokenize, "cpu", amp=False, recall_k_list=[1, 2, 3])
+    theirs = zeroshot_retrieval.evaluate(model, loader, tokenize, "cpu", amp=False, recall_k_list=[1, 2, 3])
     assert len(theirs) == 6
     for key, value in theirs.items():
         assert ours[key] == pytest.approx(value, abs=1e-9), key
