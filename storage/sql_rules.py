@@ -1,13 +1,14 @@
 """Rules written once: the SQL that both the warehouse's views and the dbt project run.
 
-Each rule (the leaderboard's choice of run, a suite score, a group metric, a face-attribute outcome) is one model of
-the dbt project, ``dbt_reports/models/**/<model>.sql``: a SELECT whose inputs are named with dbt's
-``{{ ref('model') }}`` and nothing else of dbt. dbt builds it as a model over its staging models; a DuckDB
-connection over the warehouse renders the very same file with every ``ref`` replaced by the view or table that holds
-those rows here (:data:`RELATIONS`: ``stg_metrics`` is the ``metrics`` view, ``latest_metrics`` the ``leaderboard``
-view...) and creates a view of it under the rule's warehouse name. So a rule changes in one file, and the marts and
-the views cannot disagree (tests/test_sql_rules.py checks that every rule renders and runs here, and the marts and
-views are checked against hand-computed numbers).
+Each rule (the leaderboard's choice of run, the latest sample rows of an experiment, a suite score, a group metric,
+a face-attribute outcome) is one model of the dbt project, ``dbt_reports/models/**/<model>.sql``: a SELECT whose
+inputs are named with dbt's ``{{ ref('model') }}`` and nothing else of dbt. dbt builds it as a model over its staging
+models; a DuckDB connection over the warehouse renders the very same file with every ``ref`` replaced by the view or
+table that holds those rows here (:data:`RELATIONS`: ``stg_metrics`` is the ``metrics`` view, ``latest_metrics`` the
+``leaderboard`` view, ``stg_latest_samples`` the ``latest_samples`` view...) and creates a view of it under the
+rule's warehouse name. So a rule changes in one file, and the marts and the views cannot disagree
+(tests/test_sql_rules.py checks that every rule renders and runs here, and the marts and views are checked against
+hand-computed numbers).
 
 The files ship inside the package (``clipcache/dbt_reports``, the repository's dbt_reports/ folder); rendering only
 reads them. A rule file may use ``ref`` only: anything else of dbt's Jinja is an error here (StrictUndefined), which
@@ -28,16 +29,17 @@ PROJECT_DIR = Path(__file__).resolve().parents[1] / "dbt_reports"
 # dbt model -> the relation on a warehouse connection that holds the same rows: first the inputs (views of
 # storage/warehouse.py, tables tasks/suites/ registers: dbt reads them through its own staging models), then the
 # rules, each a view rendered from its model
-INPUTS = ("stg_metrics", "stg_latest_samples", "stg_sample_metadata", "stg_suite_datasets", "stg_group_definitions",
+INPUTS = ("stg_metrics", "stg_samples", "stg_sample_metadata", "stg_suite_datasets", "stg_group_definitions",
           "stg_face_definitions")
 RELATIONS = {
     "stg_metrics": "metrics",
-    "stg_latest_samples": "latest_samples",
+    "stg_samples": "samples",
     "stg_sample_metadata": "sample_metadata",
     "stg_suite_datasets": "suite_datasets",
     "stg_group_definitions": "group_definitions",
     "stg_face_definitions": "face_definitions",
     "latest_metrics": "leaderboard",
+    "stg_latest_samples": "latest_samples",
     "stg_experiment_models": "experiment_models",
     "stg_experiment_metadata": "experiment_metadata",
     "stg_sample_groups": "sample_groups",

@@ -12,6 +12,8 @@ Views:
   ``--recall_k 1 5``) does not linger from an older run; dbt's ``latest_metrics`` mart uses the same rule.
   Limited runs and what-ifs stay in ``metrics`` with their options as columns and never reach it. The view is
   that mart's SQL rendered over ``metrics`` (storage/sql_rules.py): the rule is written once.
+- ``samples``: the sample rows of completed runs; ``latest_samples``: per experiment, those of its latest completed
+  run (dbt's ``stg_latest_samples`` model rendered over ``samples``, the one definition of that choice).
 
 DuckDB reads the files in place (no load step). A connection sees the files published when it was opened, minus
 those a compacted file has absorbed (storage/compaction.py). ``read_only=True`` (what ``clipcache query`` uses)
@@ -146,9 +148,9 @@ def _derived_views(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER VIEW samples RENAME TO _sample_rows")
     con.execute("CREATE VIEW samples AS SELECT s.* FROM _sample_rows s SEMI JOIN "
                 "(SELECT run_id FROM runs WHERE status = 'completed') USING (run_id)")
-    # the sample rows of each experiment's latest completed run, and the samples two experiments disagree on
-    con.execute("CREATE VIEW latest_samples AS SELECT * FROM samples "
-                "QUALIFY dense_rank() OVER (PARTITION BY experiment_id ORDER BY created_at DESC, run_id DESC) = 1")
+    # the sample rows of each experiment's latest completed run: dbt's stg_latest_samples model rendered over
+    # `samples` (the one definition; flips and compares read this view), and the samples two experiments disagree on
+    create_view(con, "stg_latest_samples")
     # per unit (an image, a text or image query, a selection item): rows of other units share sample indices
     con.execute("CREATE MACRO sample_flips(baseline, candidate) AS TABLE "
                 "SELECT unit, a.sample_index, a.sample_key, a.target, a.prediction AS baseline_prediction, "

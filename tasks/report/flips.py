@@ -1,4 +1,4 @@
-"""The samples two experiments disagree on, read with SQL from the warehouse's ``samples`` rows.
+"""The samples two experiments disagree on, read with SQL from the warehouse's ``latest_samples`` rows.
 
 A sample *flips* when its correct@1 differs between the two experiments' latest completed runs: for classification
 an image one model classifies right and the other wrong (what ``sample_flips`` and ``clipcache compare`` count), for
@@ -13,11 +13,6 @@ from typing import Any
 
 from clipcache.storage.errors import ResultsError
 
-# the sample rows of one experiment's latest completed run (the rule of the warehouse's latest_samples view)
-_LATEST = ("SELECT * FROM samples WHERE experiment_id = $exp QUALIFY dense_rank() OVER "
-           "(ORDER BY created_at DESC, run_id DESC) = 1")
-
-
 # how pages list units: text -> image before image -> text, as clip_benchmark reports retrieval; others by name
 UNIT_ORDER = ("image", "text_query", "caption", "image_query")
 # units whose target is each model's own choice, not the data's: an image query's target is the best-ranked of its
@@ -26,7 +21,9 @@ MODEL_TARGET_UNITS = ("image_query",)
 
 
 def _side(name: str, parameter: str) -> str:
-    return f"{name} AS ({_LATEST.replace('$exp', parameter)})"
+    """The sample rows of one experiment's latest completed run: the warehouse's ``latest_samples`` view (dbt's
+    ``stg_latest_samples`` model, storage/sql_rules.py), filtered by experiment."""
+    return f"{name} AS (SELECT * FROM latest_samples WHERE experiment_id = {parameter})"
 
 
 @dataclass(frozen=True)
