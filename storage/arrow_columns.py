@@ -6,23 +6,27 @@ buffers do not."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 
 @dataclass(frozen=True)
 class Ragged:
     """A list column whose rows differ in length (NumPy arrays): row i is ``values[offsets[i]:offsets[i + 1]]``."""
 
-    offsets: Any  # int32, one more than the rows
-    values: Any
+    offsets: np.ndarray  # int32, one more than the rows
+    values: np.ndarray
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
     @classmethod
-    def from_mask(cls, mask: Any, labels: Any) -> Ragged:
+    def from_mask(cls, mask: npt.ArrayLike, labels: npt.ArrayLike) -> Ragged:
         """Row i lists ``labels[j]`` for every j where ``mask[i, j]``, in order (e.g. the ks at which a query hits)."""
         import numpy as np
 
@@ -32,7 +36,7 @@ class Ragged:
         return cls(offsets, np.broadcast_to(np.asarray(labels, dtype=np.int32), mask.shape)[mask])
 
 
-def from_numpy(values: Any, type_: pa.DataType) -> pa.Array:
+def from_numpy(values: np.ndarray, type_: pa.DataType) -> pa.Array:
     """An Arrow array over a NumPy array's buffer. pyarrow's converters (pa.array) import pandas, half a second of
     every CLI call; buffers do not. A masked array's masked entries are nulls."""
     import numpy as np
@@ -50,7 +54,7 @@ def from_numpy(values: Any, type_: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(type_, len(data), [validity, pa.py_buffer(data)])
 
 
-def list_array(values: Any) -> pa.Array:
+def list_array(values: npt.ArrayLike | Ragged) -> pa.Array:
     """A list<int32> column from a 2-D array (rows of one width) or a :class:`Ragged`."""
     import numpy as np
 

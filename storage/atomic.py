@@ -15,7 +15,6 @@ import shutil
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from clipcache.storage import faults
 from clipcache.storage.paths import is_remote, write_via_temp
@@ -121,5 +120,5 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, write)
 
 
-def atomic_write_json(path: Path, value: Any, indent: int | None = None) -> None:
+def atomic_write_json(path: Path, value: object, indent: int | None = None) -> None:
     atomic_write_text(path, json.dumps(value, indent=indent, ensure_ascii=False, allow_nan=False) + "\n")

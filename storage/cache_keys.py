@@ -57,7 +57,7 @@ class AuxSpec:
     trailing_shape: tuple[int, ...] = ()
 
 
-def cache_command(root: Any, action: str, *keys: str) -> str:
+def cache_command(root: str | os.PathLike[str], action: str, *keys: str) -> str:
     """The ``clipcache cache`` command that does ``action`` (``rm``, ``verify --delete``) to ``keys`` in the cache at
     ``root``; a cache other than the default one is named, so the command works as printed."""
     where = "" if str(root) == "cache" else f" --cache_dir {shlex.quote(str(root))}"

@@ -7,17 +7,16 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from filelock import FileLock
 
 
-def canonical_json(value: Any) -> str:
+def canonical_json(value: object) -> str:
     """JSON with sorted keys and no whitespace: equal values always give equal text."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def digest(value: Any) -> str:
+def digest(value: object) -> str:
     """SHA-256 hex digest of a JSON-serialisable value (dict order does not matter)."""
     return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
 

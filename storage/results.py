@@ -132,7 +132,7 @@ def physical_schema(schema: pa.Schema) -> pa.Schema:
     return schema.append(pa.field(SOURCE_COLUMN, pa.string()))
 
 
-def _json_value(value: Any) -> Any:
+def _json_value(value: object) -> object:
     return value.isoformat() if isinstance(value, datetime) else value
 
 

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
-def formula_safe(value: Any) -> Any:
+def formula_safe(value: object) -> object:
     """``value`` itself unless it is text a spreadsheet would evaluate; then ``'`` + the text."""
     if not isinstance(value, str) or not value.startswith(FORMULA_STARTS):
         return value

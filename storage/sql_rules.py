@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jinja2
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 # clipcache/storage/ -> clipcache/dbt_reports in an installed package; resolved, the repository's dbt_reports/
 PROJECT_DIR = Path(__file__).resolve().parents[1] / "dbt_reports"
@@ -84,7 +87,7 @@ def render(model: str, relations: dict[str, str] | None = None) -> str:
     return template.render(ref=ref).strip().rstrip(";")
 
 
-def create_view(con: Any, model: str, *, columns: tuple[str, ...] | None = None) -> None:
+def create_view(con: DuckDBPyConnection, model: str, *, columns: tuple[str, ...] | None = None) -> None:
     """Create (or replace) the warehouse view of rule ``model`` on ``con`` (``columns``: only these, in order)."""
     select = render(model)
     if columns is not None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import zarr
 
 from clipcache.storage.errors import CacheIntegrityError
 from clipcache.storage.paths import AnyPath, url
 
+if TYPE_CHECKING:
+    from zarr.core.common import AccessModeLiteral
 
-def open_group(path: AnyPath, mode: Any) -> zarr.Group:
+
+def open_group(path: AnyPath, mode: AccessModeLiteral) -> zarr.Group:
     return zarr.open_group(url(path), mode=mode, zarr_format=3)
 
 

@@ -9,10 +9,13 @@ metric's unit, CIDEr, where the experiments have it).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clipcache.tasks.report.compare import paired_experiments
 from clipcache.tasks.report.flip_pages import CaptionRow
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 MAIN_UNIT = "caption_cider"  # the captioning task's main metric (CIDEr), the order of the images shown
 
@@ -49,7 +52,7 @@ class CaptionTable:
     means: tuple[float, float]  # A's and B's mean of metrics[0] over all the images
 
 
-def _unit(con: Any, baseline: str, candidate: str) -> str | None:
+def _unit(con: DuckDBPyConnection, baseline: str, candidate: str) -> str | None:
     """The unit to order the images by: the main metric's where both experiments have its rows, else the first
     unit (by name) they share."""
     units = [u for (u,) in con.execute("SELECT DISTINCT unit FROM caption_pairs(?, ?) ORDER BY unit",
@@ -57,7 +60,7 @@ def _unit(con: Any, baseline: str, candidate: str) -> str | None:
     return MAIN_UNIT if MAIN_UNIT in units else (units[0] if units else None)
 
 
-def caption_pairs(con: Any, baseline: str, candidate: str, *, limit: int | None = None) -> list[CaptionPair]:
+def caption_pairs(con: DuckDBPyConnection, baseline: str, candidate: str, *, limit: int | None = None) -> list[CaptionPair]:
     """Per captioning dataset the two selections share (tasks/report/compare.py pairs them): up to ``limit`` images
     with both captions, the images whose scores differ most first (ties: dataset order). Empty where the pairs are
     not captioning experiments or their rows hold no captions (written before the caption columns existed)."""
@@ -81,7 +84,7 @@ def caption_pairs(con: Any, baseline: str, candidate: str, *, limit: int | None 
     return found
 
 
-def caption_table(con: Any, baseline_id: str, candidate_id: str, *, limit: int) -> CaptionTable | None:
+def caption_table(con: DuckDBPyConnection, baseline_id: str, candidate_id: str, *, limit: int) -> CaptionTable | None:
     """Two captioning experiments' rows for the report's compare page: every per-image score both keep (the main
     metric's first), up to ``limit`` images with both captions and their references, those whose first score differs
     most first (ties: dataset order). None where the rows hold no captions (written before the caption columns)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from clipcache.tasks.score.intervals import (
     mean_statistic,
     verdict,
 )
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 PAIR_GRAIN = ("dataset", "split", "language", "task", "precision")
 
@@ -58,7 +61,7 @@ def metric_order(name: str) -> tuple[tuple[int, Any], ...]:
     return tuple((1, int(part)) if part.isdigit() else (0, part) for part in re.split(r"(\d+)", name))
 
 
-def _experiments(con: Any, selector: str) -> list[dict[str, Any]]:
+def _experiments(con: DuckDBPyConnection, selector: str) -> list[dict[str, Any]]:
     """The experiments a selector names (tasks/report/selectors.py: an experiment id or a unique prefix of one, or
     a model as results or ``eval`` name it); for a model, its reference experiments (full data, own prompts,
     default options)."""
@@ -106,7 +109,7 @@ def _units(task: str) -> list[str]:
     return []
 
 
-def _samples(con: Any, experiment_id: str, unit: str) -> dict[str, np.ndarray]:
+def _samples(con: DuckDBPyConnection, experiment_id: str, unit: str) -> dict[str, np.ndarray]:
     """The experiment's rows of one unit from its latest completed run, in sample order."""
     table = con.sql(
         "SELECT sample_index, sample_key, target, prediction, correct1, correct5, hits_at, value FROM latest_samples "
@@ -156,7 +159,7 @@ def _statistics(task: str, unit: str, s: dict[str, np.ndarray],
     return out
 
 
-def paired_experiments(con: Any, baseline: str, candidate: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def paired_experiments(con: DuckDBPyConnection, baseline: str, candidate: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The (baseline, candidate) experiment pairs two selections share: same dataset, split, language, task and
     precision (and, for models' experiments, the same sample limit). ConfigError in one line when a side matches
     nothing or the two share nothing; ResultsError when two named experiments cover different sample limits."""
@@ -180,7 +183,7 @@ def paired_experiments(con: Any, baseline: str, candidate: str) -> list[tuple[di
     return sorted(pairs, key=lambda p: tuple(str(p[0][k]) for k in PAIR_GRAIN))
 
 
-def _compare_unit(con: Any, a: dict[str, Any], b: dict[str, Any], unit: str, *, resamples: int,
+def _compare_unit(con: DuckDBPyConnection, a: dict[str, Any], b: dict[str, Any], unit: str, *, resamples: int,
                   seed: int) -> list[ComparisonRow]:
     sa, sb = _samples(con, a["experiment_id"], unit), _samples(con, b["experiment_id"], unit)
     if not len(sa["sample_index"]) or not len(sb["sample_index"]):
@@ -209,7 +212,7 @@ def _compare_unit(con: Any, a: dict[str, Any], b: dict[str, Any], unit: str, *, 
     return rows
 
 
-def compare(con: Any, baseline: str, candidate: str, *, resamples: int = DEFAULT_RESAMPLES,
+def compare(con: DuckDBPyConnection, baseline: str, candidate: str, *, resamples: int = DEFAULT_RESAMPLES,
             seed: int = 0) -> list[ComparisonRow]:
     """Every metric the two selections share with sample rows, compared pair by pair."""
     pairs = paired_experiments(con, baseline, candidate)

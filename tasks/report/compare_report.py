@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from clipcache.storage.errors import ConfigError, ResultsError
 
 if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
+
     from clipcache.tasks.report.flip_pages import CaptionPage, PairPage
 
 MARKER = ".clipcache-compare.json"
@@ -58,7 +60,7 @@ def write_compare_report(output_dir: str | os.PathLike, baseline: str, candidate
     from clipcache.tasks.report.flips import unit_flips
     from clipcache.tasks.report.sample_media import experiment_source
 
-    def read(con: Any) -> tuple[list[Any], dict[str, Any], list[tuple[Any, Any, Any]]]:
+    def read(con: DuckDBPyConnection) -> tuple[list[Any], dict[str, Any], list[tuple[Any, Any, Any]]]:
         """Everything the pages show, read from one view of the files (before or after a concurrent compaction):
         per pair its flips, or a captioning pair's captions (which have no right-or-wrong outcome)."""
         pairs = paired_experiments(con, baseline, candidate)

@@ -20,6 +20,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from clipcache.storage.errors import ResultsError
@@ -78,9 +79,9 @@ def _noting_sigint() -> Iterator[threading.Event]:
         yield interrupted  # signals reach only the main thread; and an ignored SIGINT stays ignored
         return
 
-    handler: Callable[[int, Any], Any] = previous
+    handler: Callable[[int, FrameType | None], Any] = previous
 
-    def note(signum: int, frame: Any) -> None:
+    def note(signum: int, frame: FrameType | None) -> None:
         interrupted.set()
         handler(signum, frame)
 

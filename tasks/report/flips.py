@@ -9,9 +9,12 @@ image; a retrieval's text and image queries are two units), and both sides must 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from clipcache.storage.errors import ResultsError
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 # how pages list units: text -> image before image -> text, as clip_benchmark reports retrieval; others by name
 UNIT_ORDER = ("image", "text_query", "caption", "image_query")
@@ -53,7 +56,7 @@ class UnitFlips:
     shown_b_only: list[Flip] = field(default_factory=list)
 
 
-def unit_flips(con: Any, a_experiment: str, b_experiment: str, *, cap: int = 50, dataset: str = "") -> list[UnitFlips]:
+def unit_flips(con: DuckDBPyConnection, a_experiment: str, b_experiment: str, *, cap: int = 50, dataset: str = "") -> list[UnitFlips]:
     """Per unit the two experiments share: the counts of correct@1 and of flips each way, and up to ``cap`` flips
     each way, those where the wrong side was most confident first (its target's margin, lowest first, where rows
     have one; then sample order). Empty when either side has no sample rows; ResultsError when the two cover

@@ -11,7 +11,6 @@ from __future__ import annotations
 from datetime import datetime
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import jinja2
 
@@ -23,7 +22,7 @@ def number(value: float | None, digits: int = 4) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def when(value: Any) -> str:
+def when(value: object) -> str:
     """A timestamp to the minute (anything else as text)."""
     return value.strftime("%Y-%m-%d %H:%M") if isinstance(value, datetime) else ("" if value is None else str(value))
 
@@ -54,6 +53,6 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def render(template: str, **context: Any) -> str:
+def render(template: str, **context: object) -> str:
     """The page ``template`` (a file under tasks/report/templates/) rendered with ``context``."""
     return environment().get_template(template).render(**context)

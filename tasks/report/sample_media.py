@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clipcache.storage.errors import ClipcacheError
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 THUMBNAIL_PX = 96
 
@@ -40,7 +43,7 @@ class DatasetView:
         return self.captions[index] if 0 <= index < len(self.captions) else f"caption {index}"
 
 
-def experiment_source(con: Any, experiment_id: str) -> dict[str, Any]:
+def experiment_source(con: DuckDBPyConnection, experiment_id: str) -> dict[str, Any]:
     """The experiment's dataset identity (metric rows) and its latest run's stored configuration."""
     row = con.execute("SELECT m.dataset, m.split, m.language, m.sample_limit, m.default_prompts, r.config "
                       "FROM metrics m JOIN runs r USING (run_id) WHERE m.experiment_id = ? "

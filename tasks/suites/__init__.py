@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -127,7 +126,7 @@ def _one_line(e: ValidationError) -> str:
     return f"{where}: {err['msg']}"
 
 
-def parse_suite(data: Any, origin: str) -> Suite:
+def parse_suite(data: object, origin: str) -> Suite:
     if not isinstance(data, dict):
         raise ConfigError(f"suite {origin}: expected a mapping with name and datasets")
     try:

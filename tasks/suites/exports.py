@@ -19,7 +19,7 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from clipcache.storage.spreadsheet import csv_writer
 from clipcache.tasks.score.intervals import percentile_interval
 from clipcache.tasks.suites import Suite, SuiteEntry, read_bounded_text
 from clipcache.tasks.suites.scoring import DatasetResult, ModelScore
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 RETRIEVAL_NAMES = {"flickr30k": "Flickr", "mscoco_captions": "MSCOCO"}
 MAX_PUBLISHED_BYTES = 20_000_000  # open_clip's openclip_results.csv is ~100 KB
@@ -48,7 +51,7 @@ def openclip_csv(suite: Suite, scores: list[ModelScore]) -> str:
     return out.getvalue()
 
 
-def openclip_retrieval_csv(con: Any, suite: Suite, scores: list[ModelScore]) -> str:
+def openclip_retrieval_csv(con: DuckDBPyConnection, suite: Suite, scores: list[ModelScore]) -> str:
     sets = [e for e in suite.datasets if e.dataset in RETRIEVAL_NAMES]
     if not sets:
         raise ConfigError(f"--format openclip_retrieval: suite {suite.name} has none of "
@@ -74,7 +77,7 @@ def openclip_retrieval_csv(con: Any, suite: Suite, scores: list[ModelScore]) -> 
     return out.getvalue()
 
 
-def datacomp_jsonl(con: Any, score: ModelScore) -> str:
+def datacomp_jsonl(con: DuckDBPyConnection, score: ModelScore) -> str:
     """DataComp's eval_results.jsonl of one model: every metric of each present dataset, and its main metric."""
     lines = []
     for r in score.present:

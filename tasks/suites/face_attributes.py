@@ -40,7 +40,10 @@ import numpy as np
 from clipcache.tasks.score.intervals import DEFAULT_RESAMPLES
 
 if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
+
     from clipcache.storage.sample_metadata import SampleMetadata
+    from clipcache.tasks.score.intervals import GroupMeanStatistic
 
 UNIT_PREFIX = "face_"  # a sample row of unit face_<objective>: that head's prediction
 
@@ -124,7 +127,7 @@ def face_draws(dataset: str, positions: np.ndarray, predictions: dict[str, np.nd
         values, keys, names = outcomes[spec["metric"]]
         groups = worst_group_statistic(values, keys)
 
-        def columns(idx: np.ndarray, values: np.ndarray = values, groups: Any = groups) -> np.ndarray:
+        def columns(idx: np.ndarray, values: np.ndarray = values, groups: GroupMeanStatistic = groups) -> np.ndarray:
             table = groups.table(idx)
             return np.column_stack([values[idx].mean(axis=1), table, worst_of(table)])
 
@@ -145,7 +148,7 @@ def face_intervals(dataset: str, positions: np.ndarray, predictions: dict[str, n
             face_draws(dataset, positions, predictions, metadata, resamples=resamples, seed=seed).items()}
 
 
-def register(con: Any) -> None:
+def register(con: DuckDBPyConnection) -> None:
     """Add ``face_definitions`` and the face views (``experiment_metadata`` and ``sample_metadata`` must exist)."""
     con.execute("CREATE OR REPLACE TEMP TABLE face_definitions (dataset VARCHAR, metric VARCHAR, head VARCHAR, "
                 "rule VARCHAR, class_code BIGINT, low BIGINT, high BIGINT, truth VARCHAR, by1 VARCHAR, by2 VARCHAR)")

@@ -51,6 +51,8 @@ from clipcache.tasks.score.intervals import DEFAULT_RESAMPLES
 from clipcache.tasks.suites import face_attributes
 
 if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
+
     from clipcache.storage.sample_metadata import SampleMetadata
     from clipcache.tasks.score.evidence import Evidence
     from clipcache.tasks.score.intervals import Statistic
@@ -84,7 +86,7 @@ def definition(dataset: str, metric: str) -> tuple[str, str | None] | None:
 
 
 @contextlib.contextmanager
-def rule_connection(rows: dict[str, Any], metadata: SampleMetadata) -> Iterator[Any]:
+def rule_connection(rows: dict[str, Any], metadata: SampleMetadata) -> Iterator[DuckDBPyConnection]:
     """An in-memory DuckDB holding one evaluation's sample rows as experiment ``e``'s ``samples`` (``rows``:
     ``unit``, ``sample_index`` and, where the unit has them, ``target``, ``prediction``, ``correct1``,
     ``correct5``; the row of unit ``metadata`` linking ``metadata`` is added) and ``metadata`` as
@@ -198,7 +200,7 @@ def attach(evidence: Evidence, metrics: dict[str, float], dataset: str, metadata
 VIEWS = ("stg_experiment_models", "stg_experiment_metadata", "stg_sample_groups", "group_accuracy")
 
 
-def register(con: Any) -> None:
+def register(con: DuckDBPyConnection) -> None:
     """Add ``group_definitions`` and the group views to a warehouse connection (one without a ``sample_metadata``
     view gets an empty one)."""
     from clipcache.storage.sql_rules import create_view

@@ -29,13 +29,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from clipcache.storage.errors import ConfigError
 from clipcache.tasks.suites import HERE, Suite, SuiteEntry, metric_parts
 from clipcache.tasks.suites.scoring import ModelScore
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 MIEB_PREFIX = "mieb:"
 # what the mieb runner (tasks/evaluation/mieb_runner.py) records for a mieb:<TaskName> dataset: mteb's own main score
@@ -118,7 +121,7 @@ class Found:
     language: str
 
 
-def _value(con: Any, score: ModelScore, entry: SuiteEntry, source: tuple[str, str]) -> Found | None:
+def _value(con: DuckDBPyConnection, score: ModelScore, entry: SuiteEntry, source: tuple[str, str]) -> Found | None:
     """The mapped task's metric of this model on the entry's dataset (newest reference run), with its experiment
     and the split and language the result records."""
     values, experiments, evaluated = [], set(), set()
@@ -158,7 +161,7 @@ def _model_meta(name: str, revision: str) -> dict[str, Any]:
             "extra_requirements_groups": None, "loader": None, "is_cross_encoder": False}
 
 
-def mteb_task_results(con: Any, suite: Suite, score: ModelScore) -> dict[str, dict[str, Any]]:
+def mteb_task_results(con: DuckDBPyConnection, suite: Suite, score: ModelScore) -> dict[str, dict[str, Any]]:
     """TaskName -> the TaskResult JSON (as mteb's ``to_disk`` writes it) of one model, for the suite's datasets
     with a MIEB counterpart and a result of the mapped task."""
     found: dict[str, dict[str, Any]] = {}
@@ -184,7 +187,7 @@ def mteb_task_results(con: Any, suite: Suite, score: ModelScore) -> dict[str, di
     return found
 
 
-def write_mteb_results(con: Any, suite: Suite, scores: list[ModelScore], out: Path,
+def write_mteb_results(con: DuckDBPyConnection, suite: Suite, scores: list[ModelScore], out: Path,
                        check: Callable[[Path], Any] | None = None) -> list[Path]:
     """Write ``<out>/results/<model>/<revision>/<TaskName>.json`` and ``model_meta.json`` for every model with a
     result on a dataset of the suite that has a MIEB counterpart; returns the task files written. ``check`` is

@@ -26,7 +26,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from clipcache.tasks.score.intervals import (
     percentile_interval,
 )
 from clipcache.tasks.suites import Suite, SuiteEntry, groups
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 Interval = tuple[float | None, float | None]
 ModelKey = tuple[str, str | None, str | None, str | None]  # model, pretrained, checkpoint, precision
@@ -106,7 +109,7 @@ def _seed(dataset: str, unit: str, seed: int) -> int:
     return (zlib.crc32(f"{dataset}\0{unit}".encode()) + seed) % (2**32)
 
 
-def _suite_rows(con: Any, suite: Suite) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _suite_rows(con: DuckDBPyConnection, suite: Suite) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(the suite_results rows, the suite_scores rows) of ``suite`` alone: the dbt marts' SQL (the one definition
     of a dataset's main metric and of the suite score, storage/sql_rules.py) over a table of this suite's datasets,
     so a suite file that is not shipped is scored by the same rule."""
@@ -124,7 +127,7 @@ def _suite_rows(con: Any, suite: Suite) -> tuple[list[dict[str, Any]], list[dict
     return out[0], out[1]
 
 
-def _samples(con: Any, experiment_id: str, unit: str | None) -> dict[str, np.ndarray]:
+def _samples(con: DuckDBPyConnection, experiment_id: str, unit: str | None) -> dict[str, np.ndarray]:
     where = "experiment_id = ?" + (" AND unit = ?" if unit else "")
     params = [experiment_id, unit] if unit else [experiment_id]
     columns = [c[0] for c in con.execute("DESCRIBE latest_samples").fetchall()]
@@ -136,7 +139,7 @@ def _samples(con: Any, experiment_id: str, unit: str | None) -> dict[str, np.nda
     return {name: np.array([r[i] for r in rows], dtype=object) for i, name in enumerate(wanted)}
 
 
-def _draws(con: Any, result: DatasetResult, resamples: int, seed: int) -> None:
+def _draws(con: DuckDBPyConnection, result: DatasetResult, resamples: int, seed: int) -> None:
     """The main metric recomputed on every resample of the result's samples (into ``result.draws``)."""
     entry, experiment = result.entry, result.experiment_id
     assert experiment is not None
@@ -186,7 +189,7 @@ def _draws(con: Any, result: DatasetResult, resamples: int, seed: int) -> None:
         result.why_no_draws = f"{entry.main_metric} is not recomputed from sample rows"
 
 
-def _group_draws(con: Any, result: DatasetResult, found: tuple[str, str | None], resamples: int, seed: int) -> None:
+def _group_draws(con: DuckDBPyConnection, result: DatasetResult, found: tuple[str, str | None], resamples: int, seed: int) -> None:
     """A group metric recomputed on every resample of the result's image rows (those with the metric's field in
     the metadata the run was scored with), with the statistic the evaluation's interval uses."""
     kind, by = found
@@ -221,7 +224,7 @@ def _group_draws(con: Any, result: DatasetResult, found: tuple[str, str | None],
                                 seed=_seed(entry.dataset, "image", seed))
 
 
-def score_suite(con: Any, suite: Suite, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+def score_suite(con: DuckDBPyConnection, suite: Suite, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                 models: list[str] | None = None, model_names: Collection[str] | None = None) -> list[ModelScore]:
     """One :class:`ModelScore` per model with a result on some dataset of the suite, ranked when complete. ``models``:
     only the models these words name, as ``compare`` takes a model (tasks/report/selectors.py; a name that fits none

@@ -7,9 +7,12 @@ rendered over the warehouse (storage/sql_rules.py): one definition each. ``clipc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clipcache.tasks.suites import Suite, load_suite, shipped
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 COLUMNS = ("suite", "dataset", "name", "task", "main_metric", "metric", "k", "chance", "split", "language", "tags",
            "runnable", "position")
@@ -30,7 +33,7 @@ def suite_rows(suites: list[Suite]) -> list[dict[str, Any]]:
     return rows
 
 
-def add_suite_datasets(con: Any, suites: list[Suite], table: str = "suite_datasets") -> None:
+def add_suite_datasets(con: DuckDBPyConnection, suites: list[Suite], table: str = "suite_datasets") -> None:
     """``table``: a temporary table of :func:`suite_rows` of ``suites``."""
     con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (suite VARCHAR, dataset VARCHAR, name VARCHAR, "
                 "task VARCHAR, main_metric VARCHAR, metric VARCHAR, k INTEGER, chance DOUBLE, split VARCHAR, "
@@ -40,7 +43,7 @@ def add_suite_datasets(con: Any, suites: list[Suite], table: str = "suite_datase
         con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' for _ in COLUMNS)})", rows)
 
 
-def register(con: Any, extra: list[str] | None = None) -> None:
+def register(con: DuckDBPyConnection, extra: list[str] | None = None) -> None:
     """Add ``suite_datasets`` (every shipped suite, plus ``extra`` suite names or files) and the suite views."""
     from clipcache.storage.sql_rules import create_view
 
