@@ -30,8 +30,8 @@ def formula_safe(value: object) -> object:
 
 
 class _FormulaSafeWriter:
-    def __init__(self, stream: TextIO, **kwargs: Any):
-        self._writer = csv.writer(stream, **kwargs)
+    def __init__(self, stream: TextIO, lineterminator: str):
+        self._writer = csv.writer(stream, lineterminator=lineterminator)
 
     def writerow(self, row: Iterable[Any]) -> Any:
         return self._writer.writerow([formula_safe(v) for v in row])
@@ -41,6 +41,7 @@ class _FormulaSafeWriter:
             self.writerow(row)
 
 
-def csv_writer(stream: TextIO, **kwargs: Any) -> _FormulaSafeWriter:
-    """``csv.writer(stream, **kwargs)`` whose text cells are made :func:`formula_safe`."""
-    return _FormulaSafeWriter(stream, **kwargs)
+def csv_writer(stream: TextIO, *, lineterminator: str = "\r\n") -> _FormulaSafeWriter:
+    """``csv.writer(stream, lineterminator=...)`` (csv's default ends rows with CRLF) whose text cells are made
+    :func:`formula_safe`."""
+    return _FormulaSafeWriter(stream, lineterminator)
