@@ -87,7 +87,7 @@ def definition(dataset: str, metric: str) -> tuple[str, str | None] | None:
 
 @contextlib.contextmanager
 def rule_connection(rows: dict[str, Any], metadata: SampleMetadata) -> Iterator[DuckDBPyConnection]:
-    """An in-memory DuckDB holding one evaluation's sample rows as experiment ``e``'s ``samples`` (``rows``:
+    """An in-memory DuckDB holding one evaluation's sample rows as experiment ``e``'s ``latest_samples`` (``rows``:
     ``unit``, ``sample_index`` and, where the unit has them, ``target``, ``prediction``, ``correct1``,
     ``correct5``; the row of unit ``metadata`` linking ``metadata`` is added) and ``metadata`` as
     ``sample_metadata``, with the warehouse's group views (:func:`register`: the dbt models' SQL), so the evaluation
@@ -96,7 +96,6 @@ def rule_connection(rows: dict[str, Any], metadata: SampleMetadata) -> Iterator[
     import pyarrow as pa
 
     from clipcache.storage.sample_metadata import LINK_UNIT
-    from clipcache.storage.sql_rules import create_view
 
     index = np.asarray(rows["sample_index"], np.int64)
     n = len(index)
@@ -106,7 +105,6 @@ def rule_connection(rows: dict[str, Any], metadata: SampleMetadata) -> Iterator[
         return [*([None] * n if values is None else np.asarray(values).astype(kind).tolist()), None]
 
     table = pa.table({"experiment_id": ["e"] * (n + 1), "run_id": ["r"] * (n + 1),
-                      "created_at": pa.nulls(n + 1, pa.timestamp("us", tz="UTC")),
                       "unit": [*rows["unit"], LINK_UNIT], "sample_index": [*index.tolist(), 0],
                       "sample_key": [*(metadata.keys[i] for i in index), metadata.dataset_id],
                       "target": pa.array(column("target", np.int64), pa.int64()),
@@ -115,14 +113,14 @@ def rule_connection(rows: dict[str, Any], metadata: SampleMetadata) -> Iterator[
                       "correct5": pa.array(column("correct5", bool), pa.bool_())})
     con = duckdb.connect(config={"threads": 1})  # a small query: threads would only contend with the encoders
     try:
-        con.register("_rows", table)
+        # one evaluation's rows are its experiment's latest by construction: registered as the latest_samples
+        # relation itself (rendering the rule over them would sort them all for nothing)
+        con.register("latest_samples", table)
         con.register("_metadata", metadata.table())
-        con.execute("CREATE VIEW samples AS SELECT * FROM _rows")
         con.execute("CREATE VIEW sample_metadata AS SELECT * FROM _metadata")
         con.execute("CREATE VIEW metrics AS SELECT NULL::VARCHAR AS experiment_id, NULL::VARCHAR AS model, "
                     "NULL::VARCHAR AS pretrained, NULL::VARCHAR AS checkpoint, NULL::VARCHAR AS precision "
                     "WHERE false")
-        create_view(con, "stg_latest_samples")  # the rule of the warehouse's latest_samples view over them
         register(con)
         yield con
     finally:
