@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 
 def add_compare_parser(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +45,7 @@ def run_compare(args: argparse.Namespace) -> int:
     check_output_dir(args.output_dir)
     shown = args.captions if args.captions is not None else (0 if args.format == "json" else 10)
 
-    def read(con: Any) -> tuple[list[ComparisonRow], list[CaptionPair]]:
+    def read(con: DuckDBPyConnection) -> tuple[list[ComparisonRow], list[CaptionPair]]:
         rows = compare(con, args.baseline, args.candidate, resamples=args.bootstrap, seed=args.seed)
         return rows, (caption_pairs(con, args.baseline, args.candidate, limit=shown) if shown else [])
 

@@ -8,7 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
+
+    from clipcache.tasks.suites import Suite
+    from clipcache.tasks.suites.scoring import ModelScore
 
 MODEL_HELP = ("only these models, each named as `clipcache compare` takes one (as eval was given it: a name, "
               "local-dir:PATH, a --pretrained file alone or as model@file, model@checkpoint, an experiment id "
@@ -189,7 +195,7 @@ def _scores(args: argparse.Namespace, resamples: int, then: Any = None) -> tuple
     suite = load_suite(args.suite)
     check_output_dir(args.output_dir)
 
-    def read(con: Any) -> tuple[list[Any], Any]:
+    def read(con: DuckDBPyConnection) -> tuple[list[ModelScore], Any]:
         scores = score_suite(con, suite, resamples=resamples, models=getattr(args, "model", None))
         return scores, (then(con, suite, scores) if then is not None and scores else None)
 
@@ -209,7 +215,7 @@ def run_export(args: argparse.Namespace) -> int:
     out = check_export_path(args.out, args.output_dir, cache_dir=args.cache_dir, folder=mteb)
     if not Path(out).parent.is_dir():
         raise ConfigError(f"--out: folder {Path(out).parent} does not exist")
-    def export(con: Any, suite: Any, scores: list[Any]) -> Any:
+    def export(con: DuckDBPyConnection, suite: Suite, scores: list[ModelScore]) -> Any:
         if mteb:
             from clipcache.tasks.suites.mteb_export import write_mteb_results
 
