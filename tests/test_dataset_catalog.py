@@ -117,7 +117,7 @@ def test_a_new_source_is_one_registration_and_is_listed(monkeypatch, tmp_path):
     assert default_task("lines/demo", None) == "zeroshot_retrieval"
     (record,) = [r for r in dataset_catalog() if r.name == "lines/demo"]
     assert record == DatasetRecord("lines/demo", "zeroshot_retrieval", ("test_lines",), ("lines.txt: one caption a "
-                                                                                        "line",))
+                                                                                        "line",), origin="a test")
     from clipcache.flows.cli.catalog import catalog_rows
 
     assert any(row["name"] == "lines/demo" for row in catalog_rows(str(tmp_path), "huggingface"))

@@ -1,6 +1,6 @@
 """A mistyped --dataset or --model is one line, found before anything heavy is imported: neither NumPy, Arrow, PIL
 nor torch (the dataset sources whose modules import them are known not to claim the name without importing them:
-tasks/datasets/__init__.py FOLDER_ONLY and OWN_NAMES, checked here against the classes)."""
+tasks/datasets/declared.py, the sources' own declarations, checked here against what the classes claim)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from clipcache.tasks import datasets
+from clipcache.tasks.datasets.declared import BUILTIN_SOURCES
 from clipcache.tasks.datasets.source import DatasetRef
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,17 +42,22 @@ def test_a_bad_dataset_or_model_name_is_one_line_without_heavy_imports(argv, say
 
 
 def test_the_sources_known_without_importing_them_claim_as_declared():
-    """Each source in FOLDER_ONLY claims no name without a root (whatever the name); each in OWN_NAMES suggests
-    and claims exactly its declared names. A new source or a changed one must update the declarations."""
+    """Each built-in source declared folder-only claims no name without a root (whatever the name); each declared
+    with names suggests and claims exactly those. The declaration is the source's own (tasks/datasets/declared.py:
+    one statement, read by the class and by the name check)."""
     names = ["cifar10", "wds/cifar10", "shapes", "misc/winogavil", "wilds/iwildcam", "mieb:CIRRIT2IRetrieval", "x"]
-    for source in datasets.FOLDER_ONLY:
+    assert set(BUILTIN_SOURCES) <= set(datasets.SOURCES.names())
+    for source, spec in BUILTIN_SOURCES.items():
         obj = datasets.get_source(source)
-        assert obj.known_names() == [], source
-        assert not any(obj.claims(DatasetRef(name)) for name in names), source
-    for source, own in datasets.OWN_NAMES.items():
-        obj = datasets.get_source(source)
-        assert sorted(obj.known_names()) == sorted(own()), source
-        assert all(obj.claims(DatasetRef(name)) for name in own()), source
-        assert not any(obj.claims(DatasetRef(name)) for name in names if name not in own()), source
-    assert {datasets.get_source(s).name for s in datasets.FOLDER_ONLY | set(datasets.OWN_NAMES)} == \
-        datasets.FOLDER_ONLY | set(datasets.OWN_NAMES)
+        assert obj.declared is spec and datasets.SOURCES.get(source) is type(obj), source
+        assert f"{type(obj).__module__}:{type(obj).__name__}" == spec.target, source
+        if spec.folder_only:
+            assert obj.known_names() == [], source
+            assert not any(obj.claims(DatasetRef(name)) for name in names), source
+        if spec.names is not None:
+            own = spec.names()
+            assert own and sorted(obj.known_names()) == sorted(own), source
+            assert all(obj.claims(DatasetRef(name)) for name in own), source
+            assert not any(obj.claims(DatasetRef(name)) for name in names if name not in own), source
+    assert {s for s, spec in BUILTIN_SOURCES.items() if spec.folder_only or spec.names} >= {
+        "beir", "any2any", "vidore", "group_layouts", "winogavil"}

@@ -1,6 +1,7 @@
 """Datasets: a name (plus --dataset_root, split and limit) to indexed data, found through one lookup.
 
-Every place data can come from is a dataset source (tasks/datasets/source.py) in ``SOURCES``; ``check_name``,
+Every place data can come from is a dataset source (tasks/datasets/source.py) in ``SOURCES``, declared once in
+tasks/datasets/declared.py; ``check_name``,
 ``default_task`` and ``open_dataset`` ask them in priority order and use the first that claims the name and root
 (tasks/datasets/sources.py lists them):
 
@@ -12,6 +13,8 @@ Every place data can come from is a dataset source (tasks/datasets/source.py) in
   ``cola/multi_objects`` / ``crepe/<set>`` / ``vl_checklist/<type>`` (compositionality/compositionality_more.py),
   ``svo_probes`` (compositionality/svo_probes.py), and readers other packages add with an entry point in the group
   ``clipcache.datasets`` (tasks/datasets/reader.py).
+- a plugin's own source (a family of names with its own lookup): a DatasetSource another package adds with an
+  entry point in the group ``clipcache.dataset_sources``; one that cannot be imported is left out with a warning.
 - ``group_layouts``: DataComp's WILDS and fairness sets with per-sample metadata (``wilds/iwildcam``,
   ``fairness/geode``, ...; tasks/datasets/datacomp/group_layouts.py): its webdataset copies or WILDS' folders.
 - ``original``: every name of clip_benchmark's builder that reads original files (cifar10, food101, imagenet1k,
@@ -27,12 +30,15 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from collections.abc import Callable
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clipcache.storage.errors import DatasetError
+from clipcache.tasks.datasets.declared import BUILTIN_SOURCES, declared
 from clipcache.tasks.datasets.record import DatasetRecord, merge_records
 from clipcache.tasks.datasets.source import WDS_PREFIX, DatasetRef, DatasetSource, OpenOptions, format_root
 from clipcache.tasks.registry import Registry
@@ -43,7 +49,7 @@ if TYPE_CHECKING:  # naming datasets must not import numpy (base) or any reader
     Loader = Callable[[str, Path | None, str, int | None], EvalDataset]
 
 __all__ = ["DATASETS", "SOURCES", "WDS_PREFIX", "DatasetRecord", "DatasetRef", "DatasetSource", "OpenOptions", "catalog",
-           "check_name", "dataset_catalog", "default_task", "format_root", "get_reader", "get_source", "known_names", "open_dataset", "original_names",
+           "broken_sources", "check_name", "dataset_catalog", "default_task", "format_root", "get_reader", "get_source", "known_names", "open_dataset", "original_names",
            "registered_task", "sources_by_priority"]
 
 HERE = Path(__file__).parent
@@ -81,21 +87,12 @@ for _name in _MORE["vl_checklist_types"]:
     DATASETS.register(f"vl_checklist/{_name}", f"{_COMPOSITIONALITY}.compositionality_more:VlChecklist")
 DATASETS.register("svo_probes", f"{_COMPOSITIONALITY}.svo_probes:SvoProbes")
 
-SOURCES: Registry[DatasetSource] = Registry("dataset source", DatasetError)
-SOURCES.register("beir", "clipcache.tasks.datasets.sources:BeirFolders")
-SOURCES.register("any2any", "clipcache.tasks.datasets.sources:Any2AnyFolders")
-SOURCES.register("registered", "clipcache.tasks.datasets.sources:RegisteredReaders")
-SOURCES.register("group_layouts", "clipcache.tasks.datasets.datacomp.group_layouts:GroupLayouts")
-SOURCES.register("original", "clipcache.tasks.datasets.sources:OriginalLayouts")
-SOURCES.register("webdataset", "clipcache.tasks.datasets.sources:WebdatasetFolders")
-SOURCES.register("hosted", "clipcache.tasks.datasets.sources:HostedCatalog")
-SOURCES.register("visual_sts", "clipcache.tasks.datasets.mieb.mieb_layouts:VisualStsFolders")
-SOURCES.register("multiple_choice", "clipcache.tasks.datasets.mieb.mieb_layouts:MultipleChoiceFolders")
-SOURCES.register("mieb", "clipcache.tasks.datasets.mieb.mieb_tasks:MiebSource")
-SOURCES.register("composed_retrieval", "clipcache.tasks.datasets.mieb.composed_layouts:ComposedFolders")
-SOURCES.register("multilabel", "clipcache.tasks.datasets.mieb.multilabel_layouts:MultilabelFolders")
-SOURCES.register("vidore", "clipcache.tasks.datasets.mieb.vidore:VidoreFolders")
-SOURCES.register("winogavil", "clipcache.tasks.datasets.datacomp.winogavil:WinogavilSource")  # misc/winogavil
+# The built-in sources, from their declarations (tasks/datasets/declared.py); other packages add theirs with an entry
+# point in the group clipcache.dataset_sources (name = "module:DatasetSourceClass").
+SOURCES: Registry[DatasetSource] = Registry("dataset source", DatasetError,
+                                            entry_point_group="clipcache.dataset_sources")
+for _name, _declared in BUILTIN_SOURCES.items():
+    SOURCES.register(_name, _declared.target)
 
 
 @cache
@@ -134,40 +131,49 @@ def get_source(name: str) -> DatasetSource:
         obj = obj()
     if not isinstance(obj, DatasetSource):
         raise DatasetError(f"dataset source {name!r} ({SOURCES.origin(name)}) is not a DatasetSource (got "
-                           f"{type(obj).__name__})")
+                           f"{type(obj).__name__}); an entry point in clipcache.dataset_sources must name a "
+                           f"DatasetSource subclass or instance")
+    if obj.name != name:
+        raise DatasetError(f"dataset source {name!r} ({SOURCES.origin(name)}) calls itself {obj.name!r}: a "
+                           f"source's name is its entry point's name")
     return obj
 
 
-# What the built-in sources whose modules import NumPy, PIL or Arrow can claim, known without importing them, so a
-# mistyped --dataset is answered without those imports: sources that claim only a folder given with --dataset_root,
-# and sources that claim only their own names (tests/test_dataset_sources.py checks both against the classes).
-FOLDER_ONLY = frozenset({"beir", "any2any", "visual_sts", "multiple_choice", "composed_retrieval", "multilabel",
-                         "vidore"})
+def _usable(names: list[str]) -> list[DatasetSource]:
+    """The sources ``names``, leaving out a plugin's source that cannot be used (warned once, in one line): one broken
+    package does not stop the datasets it was never going to read. A built-in source's error is raised."""
+    sources = []
+    for name in names:
+        try:
+            sources.append(get_source(name))
+        except DatasetError as e:
+            if SOURCES.origin(name) == "clipcache":
+                raise
+            if str(e) not in _warned:
+                _warned.add(str(e))
+                logging.getLogger("clipcache.datasets").warning("dataset source left out: %s", e)
+    return sources
 
 
-def _group_layout_names() -> list[str]:  # tasks/datasets/datacomp/group_layouts.py's group_layouts(), without its imports
-    data = json.loads((Path(__file__).parent / "datacomp" / "group_layouts.json").read_text(encoding="utf-8"))
-    return sorted(k for k in data if not k.startswith("_"))
+_warned: set[str] = set()
 
 
-OWN_NAMES: dict[str, Callable[[], list[str]]] = {"group_layouts": _group_layout_names,
-                                                 "winogavil": lambda: ["misc/winogavil"]}
-
-
-def _may_claim(source: str, ref: DatasetRef | None) -> bool:
-    """Whether source ``source`` may claim ``ref`` (None: any), as far as it is known without importing it."""
-    if ref is None:
-        return True
-    if source in FOLDER_ONLY:
-        return ref.dataset_root is not None
-    names = OWN_NAMES.get(source)
-    return names is None or ref.name in names() or ref.bare in names()
+def broken_sources() -> list[str]:
+    """What is wrong with each plugin source that cannot be used (built-in ones are not imported here)."""
+    broken = []
+    for name in (n for n in SOURCES.names() if SOURCES.origin(n) != "clipcache"):
+        try:
+            get_source(name)
+        except DatasetError as e:
+            broken.append(str(e))
+    return broken
 
 
 def sources_by_priority(ref: DatasetRef | None = None) -> list[DatasetSource]:
-    """The sources by priority; with ``ref``, only those that may claim it (the others are not imported)."""
-    return sorted((get_source(name) for name in SOURCES.names() if _may_claim(name, ref)),
-                  key=lambda s: (s.priority, s.name))
+    """The sources by priority; with ``ref``, only those that may claim it (a built-in source's declaration says,
+    tasks/datasets/declared.py: the others are not imported)."""
+    names = [name for name in SOURCES.names() if ref is None or declared(name).may_claim(ref)]
+    return sorted(_usable(names), key=lambda s: (s.priority, s.name))
 
 
 def _claimant(ref: DatasetRef, *, image_data: bool = False) -> DatasetSource | None:
@@ -179,20 +185,30 @@ def _claimant(ref: DatasetRef, *, image_data: bool = False) -> DatasetSource | N
 
 
 def known_names() -> list[str]:
-    """The names the sources suggest for a typo (those of the sources in FOLDER_ONLY and OWN_NAMES known without
-    importing them)."""
+    """The names the sources suggest for a typo (a built-in source's declared names are read without importing
+    it; a folder-only source has none)."""
     names: list[str] = []
     for source in SOURCES.names():
-        if source in FOLDER_ONLY:
+        spec = declared(source)
+        if spec.folder_only:
             continue
-        names += OWN_NAMES[source]() if source in OWN_NAMES else get_source(source).known_names()
+        if spec.names is not None:
+            names += spec.known_names()
+        else:
+            names += [n for s in _usable([source]) for n in s.known_names()]
     return list(dict.fromkeys(names))
 
 
 def dataset_catalog() -> list[DatasetRecord]:
     """One record per dataset name (or pattern of names) that the lookup resolves, from the sources it asks, in
     their order: what ``clipcache datasets`` lists. A name several sources read is one record naming them all."""
-    return merge_records(record for source in sources_by_priority() for record in source.records())
+    return merge_records(_with_origin(source, record) for source in sources_by_priority() for record in source.records())
+
+
+def _with_origin(source: DatasetSource, record: DatasetRecord) -> DatasetRecord:
+    """A plugin source's record names the package that adds it (its entry point)."""
+    origin = SOURCES.origin(source.name)
+    return record if origin == "clipcache" or record.origin != "clipcache" else replace(record, origin=origin)
 
 
 def _unknown(name: str) -> DatasetError:
@@ -201,7 +217,9 @@ def _unknown(name: str) -> DatasetError:
     close = difflib.get_close_matches(name, known_names(), n=3, cutoff=0.6)
     hint = f" Did you mean: {', '.join(close)}?" if close else " Use wds/<name> with --dataset_root for a local " \
                                                                "webdataset folder, or custom with a data_dir."
-    return DatasetError(f"Unknown dataset {name!r}.{hint}")
+    broken = broken_sources()
+    skipped = f" (Not asked: {'; '.join(broken)})" if broken else ""
+    return DatasetError(f"Unknown dataset {name!r}.{hint}{skipped}")
 
 
 def check_name(name: str, dataset_root: str | None = None) -> None:

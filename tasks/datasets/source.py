@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from clipcache.storage.errors import ConfigError, DatasetError
+from clipcache.tasks.datasets.declared import Declared, declared
 from clipcache.tasks.datasets.record import DatasetRecord
 
 WDS_PREFIX = "wds/"
@@ -94,9 +95,15 @@ class DatasetSource(ABC):
         """Index ``ref`` (no image decoded): exactly the first ``limit`` samples when set. An EvalDataset, except for
         ``only_for`` sources, which return their task's data. DatasetError naming the file for bad data."""
 
+    @property
+    def declared(self) -> Declared:
+        """What this source may claim, as tasks/datasets/declared.py states it for a built-in source (where the
+        name check reads it without importing the source's module); a plugin's source declares nothing there."""
+        return declared(self.name)
+
     def known_names(self) -> list[str]:
-        """Names this source can suggest for a typo ("Did you mean")."""
-        return []
+        """Names this source can suggest for a typo ("Did you mean"): by default its declared names."""
+        return self.declared.known_names()
 
     def records(self) -> list[DatasetRecord]:
         """What the catalog (and ``clipcache datasets``) lists for this source: a record per known name, or, for a

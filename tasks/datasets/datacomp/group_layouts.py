@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import pickle
 import tarfile
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +39,7 @@ import numpy as np
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.sample_metadata import SampleMetadata
 from clipcache.tasks.datasets.clip_benchmark.wds import WebDataset, load_webdataset, read_npy, read_prompts, split_key
+from clipcache.tasks.datasets.datacomp import group_layout_table as group_layouts
 from clipcache.tasks.datasets.datacomp.group_originals import original_folder, read_original
 from clipcache.tasks.datasets.labelled import LabelledImages
 from clipcache.tasks.datasets.record import DatasetRecord
@@ -51,13 +50,6 @@ if TYPE_CHECKING:
     from clipcache.tasks.datasets.base import EvalDataset
 
 METADATA_EXTENSIONS = ("npy", "pyd", "pickle")
-
-
-@cache
-def group_layouts() -> dict[str, dict[str, Any]]:
-    """Dataset name -> its entry of group_layouts.json."""
-    data = json.loads(Path(__file__).with_name("group_layouts.json").read_text(encoding="utf-8"))
-    return {k: v for k, v in data.items() if not k.startswith("_")}
 
 
 def _labels(name: str) -> dict[str, dict[int, str]]:
@@ -285,9 +277,6 @@ class GroupLayouts(DatasetSource):
         if folder is not None:
             return load_original(ref.name, root, folder, split, limit)
         raise DatasetError(f"dataset {ref.name!r}: {root} holds neither {_where(ref.name)} for split {split!r}")
-
-    def known_names(self) -> list[str]:
-        return sorted(group_layouts())
 
     def records(self) -> list[DatasetRecord]:
         return [DatasetRecord(name, self.task(DatasetRef(name)), (self.name,), (_where(name),))

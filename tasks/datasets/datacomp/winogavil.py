@@ -34,9 +34,10 @@ import numpy as np
 from clipcache.storage.errors import DatasetError
 from clipcache.storage.hashing import FileHashMemo, digest
 from clipcache.tasks.datasets.base import EvalDataset, relative_name
+from clipcache.tasks.datasets.datacomp import WINOGAVIL
 from clipcache.tasks.datasets.source import DatasetRef, DatasetSource, OpenOptions
 
-NAME = "misc/winogavil"  # DataComp's task key, the dataset's name here
+NAME = WINOGAVIL  # DataComp's task key, the dataset's name here
 CACHE_FOLDER = "nlphuji___winogavil"  # what datasets names the cache folder of nlphuji/winogavil
 SPLIT = "test"  # the one split DataComp (and the dataset) has
 COLUMNS = ("cue", "candidates", "associations", "candidate_images")
@@ -262,6 +263,3 @@ class WinogavilSource(DatasetSource):
 
     def open(self, ref: DatasetRef, split: str, limit: int | None, options: OpenOptions) -> WinogavilData:
         return open_winogavil(ref.name, ref.folder("DataComp's hf_cache (winogavil-test.arrow)"), split, limit)
-
-    def known_names(self) -> list[str]:
-        return [NAME]
