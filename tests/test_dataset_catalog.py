@@ -133,3 +133,63 @@ def test_clipcache_datasets_lists_every_record(records, tmp_path, capsys):
     assert {r.name for r in records} <= shown
     for family in ("wilds/iwildcam", "fairness/utkface", "misc/winogavil", "mieb:<mteb task name>", "wds/<name>"):
         assert family in shown
+
+
+# -- licence, citation and reference: mteb's own TaskMetadata, read when asked -----------------------------------------
+
+@pytest.mark.parametrize(("name", "task"), [("cifar10", "CIFAR10"), ("winoground", "Winoground"),
+                                            ("sugar_crepe/swap_obj", "SugarCrepe"), ("flickr30k", "Flickr30kI2TRetrieval"),
+                                            ("aro/vg_relation", "AROVisualRelation"),
+                                            ("mieb:CIRRIT2IRetrieval", "CIRRIT2IRetrieval")])
+def test_licence_and_citation_are_mtebs_own_metadata(name, task):
+    import mteb
+
+    from clipcache.tasks.datasets import record_of
+    from clipcache.tasks.datasets.citations import cited
+
+    meta = mteb.get_task(task).metadata
+    record = cited(record_of(name))
+    assert record.citation == meta.bibtex_citation.strip() and record.citation.startswith("@")
+    assert record.reference == meta.reference and record.licence == ("" if meta.license == "not specified"
+                                                                     else meta.license)
+    assert record.facts_from == f"mteb {mteb.__version__} TaskMetadata of {task}"
+    assert record.name == name and record.task == default_task(name, None)
+
+
+def test_every_cited_name_is_listed_and_every_mteb_task_exists(records):
+    """citations.json names only datasets the catalog has and tasks mteb has; a dataset no source states keeps
+    empty fields (never a guess), and a pattern record reads nothing."""
+    import mteb
+
+    from clipcache.tasks.datasets.citations import cited, mteb_tasks
+
+    names = {r.name for r in records}
+    assert set(mteb_tasks()) <= names and "fer2013" not in mteb_tasks()
+    for task in set(mteb_tasks().values()):
+        assert mteb.get_task(task).metadata.bibtex_citation, task
+    for record in records:
+        if record.name not in mteb_tasks():
+            assert cited(record) == record, record.name
+    assert [r.licence for r in records] == [""] * len(records)  # the listing reads nothing
+
+
+def test_datasets_details_and_json_show_the_facts_and_their_source(tmp_path, capsys):
+    import json
+
+    import mteb
+
+    from clipcache.flows.cli import main
+    assert main(["datasets", "--details", "mieb:CIFAR10ZeroShot"]) == 0
+    out = capsys.readouterr().out
+    assert "sources:     mieb" in out and f"facts from:  mteb {mteb.__version__} TaskMetadata of CIFAR10ZeroShot" in out
+    assert "Learning multiple layers of features from tiny images" in out
+    assert all(len(line) <= 80 for line in out.split("citation:")[0].splitlines())
+    assert main(["datasets", "--details", "cifar1O"]) != 0
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "Unknown dataset 'cifar1O'. Did you mean: cifar10" in line
+
+    assert main(["datasets", "--format", "json", "--cache_dir", str(tmp_path)]) == 0
+    rows = {(r["name"], r["task"]): r for r in json.loads(capsys.readouterr().out)}
+    winoground = rows["winoground", "image_caption_selection"]
+    assert winoground["licence"] == mteb.get_task("Winoground").metadata.license
+    assert winoground["sources"] == ["registered"] and rows["wilds/fmow", "zeroshot_classification"]["citation"] == ""

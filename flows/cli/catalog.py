@@ -14,6 +14,11 @@ def add_catalog_parsers(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--cache_dir", "--cache-dir", dest="cache_dir", default="cache")
     d.add_argument("--hub", choices=["huggingface", "modelscope"], default="huggingface")
     d.add_argument("--markdown", action="store_true", help="print the README's catalog table")
+    d.add_argument("--format", choices=["table", "json"], default="table",
+                   help="json: every record with all its fields (licence, citation and reference read from mteb)")
+    d.add_argument("--details", default=None, metavar="NAME",
+                   help="everything known about one dataset name (mieb:<task> included): sources, layouts, splits, "
+                        "languages, licence, reference, citation and where they were read")
     d.set_defaults(handler=run_datasets)
     m = sub.add_parser("models", help="known models: open_clip pretrained pairs, bundled, HF / ModelScope presets")
     m.add_argument("--filter", default=None, help="only names containing this text")
@@ -99,12 +104,60 @@ def run_datasets(args: argparse.Namespace) -> int:
     if args.markdown:
         print(markdown_table())
         return 0
+    if args.details is not None:
+        return _details(args.details)
+    if args.format == "json":
+        return _json()
     table = Table(title=f"datasets ({args.hub}; cache {args.cache_dir})")
     for column in COLUMNS:
         table.add_column(column, justify="right" if column == "size" else "left")
     for row in catalog_rows(args.cache_dir, args.hub):
         table.add_row(*(row[c] for c in COLUMNS))
     data_console(200).print(table)
+    return 0
+
+
+def record_dict(record: DatasetRecord) -> dict:
+    """A record as JSON: every field, tuples as lists, the pattern flag."""
+    import dataclasses
+
+    fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(record).items()}
+    return {**fields, "pattern": record.is_pattern}
+
+
+def _json() -> int:
+    import json
+
+    from clipcache.tasks.datasets.citations import cited
+
+    print(json.dumps([record_dict(cited(r)) for r in listed_records()], indent=1, ensure_ascii=False))
+    return 0
+
+
+DETAIL_FIELDS = ("name", "task", "sources", "layouts", "hosted", "languages", "splits", "main_metric", "note",
+                 "origin", "licence", "reference", "facts_from", "citation")
+
+
+def _details(name: str) -> int:
+    """One record, a field a line, wrapped to 80 columns (the citation as BibTeX, as its source writes it)."""
+    import textwrap
+
+    from clipcache.tasks.datasets import record_of
+    from clipcache.tasks.datasets.citations import cited
+
+    row = record_dict(cited(record_of(name)))
+    for field in DETAIL_FIELDS:
+        value = row[field]
+        if isinstance(value, list):
+            value = ", ".join(value)
+        label = field.replace("_", " ")
+        if value is None:
+            value = "any the files hold" if field == "splits" else ""
+        if field == "citation":
+            print(f"{label}:" + "".join(f"\n  {line}" for line in str(value).splitlines()) if value else f"{label}: -")
+            continue
+        print(textwrap.fill(str(value) or "-", 80, initial_indent=f"{label + ':':<13}", subsequent_indent=" " * 13,
+                            break_long_words=False, break_on_hyphens=False))
     return 0
 
 

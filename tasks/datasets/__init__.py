@@ -48,9 +48,10 @@ if TYPE_CHECKING:  # naming datasets must not import numpy (base) or any reader
 
     Loader = Callable[[str, Path | None, str, int | None], EvalDataset]
 
-__all__ = ["DATASETS", "SOURCES", "WDS_PREFIX", "DatasetRecord", "DatasetRef", "DatasetSource", "OpenOptions", "catalog",
-           "broken_sources", "check_name", "dataset_catalog", "default_task", "format_root", "get_reader", "get_source", "known_names", "open_dataset", "original_names",
-           "registered_task", "sources_by_priority"]
+__all__ = ["DATASETS", "SOURCES", "WDS_PREFIX", "DatasetRecord", "DatasetRef", "DatasetSource", "OpenOptions",
+           "broken_sources", "catalog", "check_name", "dataset_catalog", "default_task", "format_root", "get_reader",
+           "get_source", "known_names", "open_dataset", "original_names", "record_of", "registered_task",
+           "sources_by_priority"]
 
 HERE = Path(__file__).parent
 DATASETS: Registry[Loader] = Registry("dataset", DatasetError, entry_point_group="clipcache.datasets")
@@ -203,6 +204,20 @@ def dataset_catalog() -> list[DatasetRecord]:
     """One record per dataset name (or pattern of names) that the lookup resolves, from the sources it asks, in
     their order: what ``clipcache datasets`` lists. A name several sources read is one record naming them all."""
     return merge_records(_with_origin(source, record) for source in sources_by_priority() for record in source.records())
+
+
+def record_of(name: str) -> DatasetRecord:
+    """The catalog's record of ``name``; a name of a family no list holds (``mieb:CIFAR10ZeroShot``) gets its
+    source's pattern record under its own name. A name no source claims is the "Did you mean" error."""
+    records = dataset_catalog()
+    for record in records:
+        if record.name == name:
+            return record
+    source = _claimant(DatasetRef(name))
+    pattern = next((r for r in records if r.is_pattern and source is not None and source.name in r.sources), None)
+    if pattern is None:
+        raise _unknown(name)
+    return replace(pattern, name=name)
 
 
 def _with_origin(source: DatasetSource, record: DatasetRecord) -> DatasetRecord:

@@ -35,8 +35,10 @@ class DatasetRecord:
     languages: tuple[str, ...] = ()  # of its class names or captions; () = not declared (English)
     splits: tuple[str, ...] | None = None  # None: any split the files hold
     main_metric: str = ""  # the metric it is usually ranked by ("" for tasks without a usual one)
-    licence: str = ""  # where a table records it
-    citation: str = ""
+    licence: str = ""  # as a real source states it (facts_from); "" where none does. Filled on demand, not by the
+    citation: str = ""  # sources: tasks/datasets/citations.py reads them from mteb (a BibTeX entry)
+    reference: str = ""  # the dataset's paper or page, from the same source
+    facts_from: str = ""  # where licence, citation and reference were read ("mteb 2.26.24 TaskMetadata of CIFAR10")
     note: str = ""  # a short remark the listing shows beside the name ("Chinese")
     origin: str = "clipcache"  # the package that adds it (a plugin's entry point)
     family: str = field(default="", compare=False)  # the prefix that groups it: "wilds", "mieb", "vtab", ...
@@ -61,7 +63,8 @@ class DatasetRecord:
                        hosted=self.hosted or other.hosted, languages=self.languages or other.languages,
                        splits=self.splits if self.splits is not None else other.splits,
                        task=self.task or other.task, note=self.note or other.note,
-                       licence=self.licence or other.licence, citation=self.citation or other.citation)
+                       licence=self.licence or other.licence, citation=self.citation or other.citation,
+                       reference=self.reference or other.reference, facts_from=self.facts_from or other.facts_from)
 
 
 def family_of(name: str) -> str:
