@@ -15,7 +15,7 @@ FILES = re.compile(r"(?<![\w/.-])((?:flows|tasks|storage|tests|benchmarks|script
                    r"/[\w./*-]*[\w*])(?::(\w+))?")
 # entry-point groups and file names that read like dotted module paths
 NOT_MODULES = {"clipcache.datasets", "clipcache.tasks", "clipcache.models", "clipcache.loaders", "clipcache.html",
-               "clipcache.egg", "clipcache.api_formats"}
+               "clipcache.egg", "clipcache.api_formats", "clipcache.dataset_sources"}
 
 
 def mentions(pattern: re.Pattern) -> list[tuple[str, str]]:

@@ -6,8 +6,9 @@ folder, the hosted catalog, a BEIR or any-to-any folder) is a :class:`DatasetSou
 order and use the first that ``claims`` the pair: the same rule for all three, so they cannot disagree. ``claims``
 must be cheap (a name test or a few ``stat`` calls; no torch, numpy or zarr): names are checked before any work.
 ``records`` says what a source claims, one typed record per name (tasks/datasets/record.py): the catalog
-(``dataset_catalog``) and ``clipcache datasets`` are made from them, so a new source is one registration in
-``SOURCES`` and is resolved, suggested and listed alike.
+(``dataset_catalog``) and ``clipcache datasets`` are made from them, so a new source is one declaration (a built-in
+one in tasks/datasets/declared.py, another package's an entry point in ``clipcache.dataset_sources``) and is
+resolved, suggested and listed alike.
 This is the ``ModelLoader`` pattern of tasks/models/loader.py applied to datasets.
 """
 
