@@ -112,12 +112,48 @@ def test_a_plugin_source_evaluates_like_a_builtin_dataset(example_site, tmp_path
     assert result["metrics"]["acc1"] > 0.6  # five shapes of one colour: the bundled model tells them apart
 
 
+def test_a_bad_name_with_the_plugin_source_installed_imports_nothing_heavy(example_site, tmp_path):
+    """The name check imports the plugin's source module (it must be asked): the example's stays light."""
+    from test_name_errors_light import HEAVY
+
+    code = ("import json, sys\nfrom clipcache.tasks.datasets import check_name\ntry:\n    check_name('cifar1O')\n"
+            "except Exception as e:\n    print(json.dumps([str(e), sorted(sys.modules)]))")
+    done = _python(example_site, code, cwd=tmp_path)
+    message, modules = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "Did you mean: cifar10" in message and "clipcache_plugin_example.colour_source" in modules
+    assert not [m for m in modules if m.split(".")[0] in HEAVY]
+
+
+RAISING = textwrap.dedent("""
+    from clipcache.tasks.datasets.source import DatasetSource
+
+
+    class Raising(DatasetSource):
+        name = "raising_source"
+
+        def claims(self, ref):
+            raise RuntimeError("a bug in claims")
+
+        def task(self, ref):
+            return "zeroshot_classification"
+
+        def open(self, ref, split, limit, options):
+            raise RuntimeError("never opened")
+
+        def records(self):
+            raise RuntimeError("a bug in records")
+""")
+
+
 @pytest.fixture(scope="module")
 def broken_site(tmp_path_factory) -> Path:
-    return _fake_distribution(tmp_path_factory.mktemp("site"), "broken_sources", """
+    site = tmp_path_factory.mktemp("site")
+    (site / "raising_source_plugin.py").write_text(RAISING, encoding="utf-8")
+    return _fake_distribution(site, "broken_sources", """
         [clipcache.dataset_sources]
         broken_source = no_such_module_xyz:Source
         not_a_source = json:dumps
+        raising_source = raising_source_plugin:Raising
     """)
 
 
@@ -130,9 +166,12 @@ def test_a_broken_plugin_source_is_one_line_and_builtin_names_keep_working(broke
     assert run.returncode == 2 and "Traceback" not in run.stderr
     [line] = [line for line in run.stderr.strip().splitlines() if "left out" not in line]
     assert "Unknown dataset 'cifar1O'. Did you mean: cifar10" in line and missing in line and wrong in line
+    assert "(broken_sources)) failed: RuntimeError: a bug in claims" in run.stderr  # a warning line, the lookup goes on
 
     run = _clipcache(broken_site, "datasets", "--cache_dir", str(tmp_path / "cache"), cwd=tmp_path)
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
     assert {"cifar10", "wilds/iwildcam", "mieb:<mteb task name>"} <= set(table_rows(run.stdout))
     assert run.stderr.count(missing) == 1 and run.stderr.count(wrong) == 1  # warned once each, in one line
-    assert len(run.stderr.strip().splitlines()) == 2
+    assert "dataset source 'raising_source' (entry point raising_source = raising_source_plugin:Raising " \
+           "(broken_sources)) failed: RuntimeError: a bug in records" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 3

@@ -33,11 +33,11 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from clipcache.storage.errors import DatasetError
+from clipcache.storage.errors import ClipcacheError, DatasetError
 from clipcache.tasks.datasets.declared import BUILTIN_SOURCES, declared
 from clipcache.tasks.datasets.record import DatasetRecord, merge_records
 from clipcache.tasks.datasets.source import WDS_PREFIX, DatasetRef, DatasetSource, OpenOptions, format_root
@@ -54,6 +54,7 @@ __all__ = ["DATASETS", "SOURCES", "WDS_PREFIX", "DatasetRecord", "DatasetRef", "
            "sources_by_priority"]
 
 HERE = Path(__file__).parent
+T = TypeVar("T")
 DATASETS: Registry[Loader] = Registry("dataset", DatasetError, entry_point_group="clipcache.datasets")
 DATASETS.register("shapes", "clipcache.tasks.datasets.loaders:ShapesClassification")
 DATASETS.register("shapes_retrieval", "clipcache.tasks.datasets.loaders:ShapesRetrieval")
@@ -150,13 +151,32 @@ def _usable(names: list[str]) -> list[DatasetSource]:
         except DatasetError as e:
             if SOURCES.origin(name) == "clipcache":
                 raise
-            if str(e) not in _warned:
-                _warned.add(str(e))
-                logging.getLogger("clipcache.datasets").warning("dataset source left out: %s", e)
+            _warn(str(e))
     return sources
 
 
 _warned: set[str] = set()
+
+
+def _warn(problem: str) -> None:
+    if problem not in _warned:
+        _warned.add(problem)
+        logging.getLogger("clipcache.datasets").warning("dataset source left out: %s", problem)
+
+
+def _ask(source: DatasetSource, question: Callable[[], T], default: T) -> T:
+    """A source's answer; a plugin's source that fails with an error of its own (not a clipcache error, which says
+    what to fix) is left out of this question with one warning line naming its entry point, not a traceback."""
+    origin = SOURCES.origin(source.name)
+    if origin == "clipcache":
+        return question()
+    try:
+        return question()
+    except ClipcacheError:
+        raise
+    except Exception as e:  # noqa: BLE001 - another package's bug must not stop clipcache's own names
+        _warn(f"dataset source {source.name!r} ({origin}) failed: {type(e).__name__}: {e}")
+        return default
 
 
 def broken_sources() -> list[str]:
@@ -180,7 +200,7 @@ def sources_by_priority(ref: DatasetRef | None = None) -> list[DatasetSource]:
 def _claimant(ref: DatasetRef, *, image_data: bool = False) -> DatasetSource | None:
     """The first source, by priority, that claims ``ref`` (with ``image_data``, only sources of image datasets)."""
     for source in sources_by_priority(ref):
-        if not (image_data and source.only_for) and source.claims(ref):
+        if not (image_data and source.only_for) and _ask(source, partial(source.claims, ref), False):
             return source
     return None
 
@@ -196,14 +216,15 @@ def known_names() -> list[str]:
         if spec.names is not None:
             names += spec.known_names()
         else:
-            names += [n for s in _usable([source]) for n in s.known_names()]
+            names += [n for s in _usable([source]) for n in _ask(s, s.known_names, list[str]())]
     return list(dict.fromkeys(names))
 
 
 def dataset_catalog() -> list[DatasetRecord]:
     """One record per dataset name (or pattern of names) that the lookup resolves, from the sources it asks, in
     their order: what ``clipcache datasets`` lists. A name several sources read is one record naming them all."""
-    return merge_records(_with_origin(source, record) for source in sources_by_priority() for record in source.records())
+    return merge_records(_with_origin(source, record) for source in sources_by_priority()
+                         for record in _ask(source, source.records, list[DatasetRecord]()))
 
 
 def record_of(name: str) -> DatasetRecord:
