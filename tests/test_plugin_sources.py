@@ -109,7 +109,33 @@ def test_a_plugin_source_evaluates_like_a_builtin_dataset(example_site, tmp_path
     [path] = (tmp_path / "out").rglob("shapes_of*green*.json")
     result = json.loads(path.read_text())
     assert result["task"] == "zeroshot_classification"
+    assert result["metrics"]["acc1"] == pytest.approx(_direct_acc1("green", 20), abs=1e-12)
     assert result["metrics"]["acc1"] > 0.6  # five shapes of one colour: the bundled model tells them apart
+
+
+def _direct_acc1(colour: str, n: int) -> float:
+    """acc1 of the bundled model used directly with open_clip on the first n shapes of ``colour`` (clip_benchmark's
+    classifier: normalised template embeddings averaged and normalised again)."""
+    import numpy as np
+    import open_clip
+    import torch
+    import torch.nn.functional as F
+
+    from clipcache.tasks.datasets.shapes import SHAPES, TEMPLATES, load_shapes, render
+
+    from conftest import TINY_MODEL
+
+    model, _, transform = open_clip.create_model_and_transforms(f"local-dir:{TINY_MODEL}", device="cpu")
+    tokenizer = open_clip.get_tokenizer(f"local-dir:{TINY_MODEL}")
+    model.eval()
+    samples = [s for s in load_shapes("shapes", "zeroshot_classification", "test", None).samples
+               if s.colour == colour][:n]
+    with torch.inference_mode():
+        images = F.normalize(model.encode_image(torch.stack([transform(render(s)) for s in samples])), dim=-1)
+        classifier = torch.stack([F.normalize(F.normalize(model.encode_text(tokenizer(
+            [t.format(c=f"{colour} {shape}") for t in TEMPLATES])), dim=-1).mean(0), dim=0) for shape in SHAPES])
+    predicted = (images @ classifier.T).argmax(1).numpy()
+    return float((predicted == np.array([SHAPES.index(s.shape) for s in samples])).mean())
 
 
 def test_a_bad_name_with_the_plugin_source_installed_imports_nothing_heavy(example_site, tmp_path):
