@@ -99,6 +99,30 @@ def test_a_new_task_with_options_touches_no_other_file(run_examples):
     assert "--image_knn_include_self" in flags
 
 
+def test_a_task_registered_in_the_process_joins_the_flows_parameter_schema(run_examples):
+    """What `launch.evaluate` does before a Prefect run: the flow's parameter takes the registry's model, and back
+    once the task is gone (tests/test_plugins.py checks deployments of an installed plugin's task)."""
+    from prefect.utilities.callables import parameter_schema
+
+    from clipcache.flows.orchestration.deployments import with_registry_options
+    from clipcache.flows.orchestration.flows import evaluate
+
+    def options() -> set[str]:
+        return set(parameter_schema(evaluate).definitions["EvaluateParams"]["properties"])
+
+    assert "image_knn_include_self" not in options()
+    run_examples("task-define")
+    assert "image_knn_include_self" not in options()  # flows.py was loaded before the task was registered
+    with_registry_options(evaluate)
+    assert "image_knn_include_self" in options()
+    plain = EvaluateParams(models=[{"model_name": "tiny-shapes-clip"}], datasets=["shapes"], limit=3)
+    [given] = evaluate.validate_parameters({"params": plain}).values()
+    assert given.limit == 3 and given.image_knn_include_self is False
+    TASKS._entries.pop("image_knn")
+    with_registry_options(evaluate)
+    assert "image_knn_include_self" not in options()
+
+
 def cli_flags_parser():
     from clipcache.flows.cli import app
     from clipcache.flows.cli import flags as cli_flags

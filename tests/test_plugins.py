@@ -302,3 +302,66 @@ def test_a_plugin_option_declared_unlike_a_builtin_one_is_one_line(tmp_path_fact
     assert run.returncode != 0 and "Traceback" not in run.stderr
     [line] = run.stderr.strip().splitlines()
     assert "task image_knn declares option 'seed' differently from task linear_probe" in line
+
+
+def test_a_plugin_tasks_options_are_in_deployment_schemas_and_reach_the_task(tmp_path_factory, tmp_path):
+    """Prefect deployments of the evaluate / rescore flows, built every way clipcache builds them (prefect.yaml
+    through `runner_deployments`, as `clipcache serve` does; a flow loaded from its entrypoint with Prefect's
+    `parameter_schema`, as `prefect deploy` does), carry a plugin task's option in their parameter schema; the
+    schema check the Prefect server makes (enforce_parameter_schema) accepts a run with it, and Prefect's own
+    parameter validation, which a worker runs before the flow, hands it to the task. No server is started."""
+    from test_extending import examples
+
+    source = examples()["task-define"].replace('TASKS.register("image_knn", ImageKnn)\n', "")
+    site = _example_task_site(tmp_path_factory.mktemp("site"), "knn_deploy_plugin", source)
+    (tmp_path / "suite.yaml").write_text("models: [{model_name: tiny-shapes-clip}]\ndatasets: [shapes]\n")
+    (tmp_path / "prefect.yaml").write_text(textwrap.dedent("""
+        deployments:
+          - name: knn
+            entrypoint: clipcache.flows.orchestration.flows:evaluate
+            parameters:
+              params: {models: [{model_name: tiny-shapes-clip}], datasets: [shapes], task: image_knn}
+          - name: knn-rescore
+            entrypoint: clipcache.flows.orchestration.flows:rescore
+          - name: nightly
+            entrypoint: clipcache.flows.orchestration.flows:evaluate_suite
+    """))
+    code = textwrap.dedent("""
+        import json
+        from prefect.flows import load_flow_from_entrypoint
+        from prefect.utilities.callables import parameter_schema
+        from prefect.utilities.schema_tools import validate
+        from clipcache.flows.orchestration.deployments import load_suite, runner_deployments
+        from clipcache.tasks.contract import ScoreSettings
+        from clipcache.tasks.evaluation import get_task
+
+        task = get_task("image_knn")
+        given = {"models": [{"model_name": "tiny-shapes-clip"}], "datasets": ["shapes"], "task": "image_knn",
+                 "image_knn_include_self": True}
+        found = {}
+        deployments = {d.name: d for d in runner_deployments("prefect.yaml")}
+        deployed = parameter_schema(load_flow_from_entrypoint("clipcache.flows.orchestration.flows:evaluate"))
+        for name, schema in [(n, d._parameter_openapi_schema) for n, d in deployments.items() if n != "nightly"] + \\
+                [("prefect deploy", deployed)]:
+            model = schema.model_dump()["definitions"]["EvaluateParams"]
+            validate({"params": given}, schema.model_dump(), raise_on_error=True)  # the server's check
+            found[name] = [model["properties"]["image_knn_include_self"]["description"],
+                           model["additionalProperties"]]
+        flow = load_flow_from_entrypoint("clipcache.flows.orchestration.flows:evaluate")
+        params = flow.validate_parameters({"params": given})["params"]  # what a worker does before the flow runs
+        from clipcache.flows.config.params import EvaluateParams  # docs/production.md's call still validates
+        plain = flow.validate_parameters({"params": EvaluateParams(models=given["models"], datasets=["shapes"])})
+        found["plain"] = [type(plain["params"]) is type(params), plain["params"].image_knn_include_self]
+        for params in (params, load_suite("suite.yaml", {"task": "image_knn", "image_knn_include_self": True})):
+            [options] = params.run_settings(cached_only=False).options.for_task(task.Options)
+            found.setdefault("reached", []).append(task.options(ScoreSettings(options=options)))
+        print(json.dumps(found))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "PREFECT_LOGGING_LEVEL": "ERROR"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    described = ["image_knn: count each image among its own k neighbours", False]
+    assert found == {"knn": described, "knn-rescore": described, "prefect deploy": described, "plain": [True, False],
+                     "reached": [{"image_knn_include_self": True}] * 2}

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from copy import copy
 from typing import TYPE_CHECKING, Any, cast
 
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel, Field, create_model, model_validator
 from pydantic.fields import FieldInfo
 
 from clipcache.storage.errors import ClipcacheError, ConfigError
@@ -99,6 +99,17 @@ def options_model(tasks: list[type[EvalTask]], taken: Iterable[str]) -> type[Bas
 _EXTENDED: dict[tuple[Any, ...], type[BaseModel]] = {}
 
 
+def _from_another_registry(cls: Any, data: Any) -> Any:
+    """An instance of the model's base (``EvaluateParams(...)`` given to a flow whose parameter is this model, as in
+    docs/production.md) or of a model built for other registered tasks is taken by the values it was given."""
+    if isinstance(data, cls.__mro__[1]) and not isinstance(data, cls):
+        return {name: getattr(data, name) for name in data.model_fields_set}
+    return data
+
+
+_FROM_ANOTHER: Any = model_validator(mode="before")(_from_another_registry)  # a classmethod (its first argument: cls)
+
+
 def extended_model(base: Any) -> Any:
     """``base`` (EvaluateParams), with the options of every task registered besides clipcache's own as further
     parameters; ``base`` itself when there are none. Built once per set of registered tasks."""
@@ -110,7 +121,8 @@ def extended_model(base: Any) -> Any:
         fields: dict[str, Any] = option_parameters(extra, taken=base.model_fields)
         if not fields and not extra:
             return base
-        model = cast(Any, create_model(base.__name__, __base__=base, __module__=base.__module__, **fields))
+        model = cast(Any, create_model(base.__name__, __base__=base, __module__=base.__module__,
+                                       __validators__={"_from_another_registry": _FROM_ANOTHER}, **fields))
         model.option_tasks = tuple(known)
         model.swept_options = swept_names(known)
         _EXTENDED[key] = model

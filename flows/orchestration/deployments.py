@@ -72,6 +72,28 @@ def read_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE) -> list[di
     return deployments
 
 
+def with_registry_options(flow_obj: Any) -> Any:
+    """``flow_obj`` with its ``EvaluateParams`` parameter (the evaluate and rescore flows') typed as the registry's
+    model, ``EvaluateParams.for_registry()``: the options of tasks from installed plugins are parameters too. Prefect
+    builds a deployment's parameter schema from the flow's signature (``to_deployment``, ``serve``, ``prefect
+    deploy``) and validates a run's parameters against it, so the signature must name that model; flows.py applies
+    this when it is imported, which is when a deployment, worker or ``serve`` loads its entrypoint. Other flows are
+    returned as they are; call it again after registering a task in the process."""
+    import inspect
+
+    from prefect.utilities.callables import parameter_schema
+
+    fn = flow_obj.fn
+    signature = inspect.signature(fn, eval_str=True)
+    model = EvaluateParams.for_registry()
+    parameters = [p.replace(annotation=model) if isinstance(p.annotation, type) and issubclass(p.annotation,
+                  EvaluateParams) and p.annotation is not model else p for p in signature.parameters.values()]
+    if parameters != list(signature.parameters.values()):
+        fn.__signature__ = signature.replace(parameters=parameters)
+        flow_obj.parameters = parameter_schema(fn)
+    return flow_obj
+
+
 def runner_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE, names: list[str] | None = None) -> list:
     """``prefect.yaml``'s deployments as deployments served by this process (same names, parameters, schedules)."""
     from prefect.flows import load_flow_from_entrypoint
@@ -88,7 +110,7 @@ def runner_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE, names: l
         if ".py:" in entrypoint:  # a script, relative to prefect.yaml; otherwise a module path
             file, _, func = entrypoint.rpartition(":")
             entrypoint = f"{base / file}:{func}"
-        flow_obj: Any = load_flow_from_entrypoint(entrypoint, use_placeholder_flow=False)
+        flow_obj: Any = with_registry_options(load_flow_from_entrypoint(entrypoint, use_placeholder_flow=False))
         schedules = []
         for s in d.get("schedules") or []:
             if s.get("cron"):

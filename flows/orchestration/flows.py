@@ -17,7 +17,7 @@ from clipcache.flows.config.convert_params import ConvertParams
 from clipcache.flows.config.params import EvaluateParams
 from clipcache.flows.orchestration.artifacts import publish_conversion, publish_evaluation, publish_report
 from clipcache.flows.orchestration.conversion import run_conversion
-from clipcache.flows.orchestration.deployments import SuiteParams, load_suite
+from clipcache.flows.orchestration.deployments import SuiteParams, load_suite, with_registry_options
 from clipcache.flows.orchestration.pipeline import PairResult, run_evaluation
 from clipcache.flows.orchestration.reporting import ReportParams, run_report
 from clipcache.flows.orchestration.stages import PrefectStages
@@ -43,6 +43,12 @@ def rescore(params: EvaluateParams) -> list[PairResult]:
     """Recompute metrics from cached embeddings only: never decodes an image; loads the model only to encode class
     prompts it has never seen (new templates or class names), and says which `clipcache eval` fills any gap."""
     return run_pairs(params, cached_only=True)
+
+
+# The parameter schema of evaluate and rescore deployments, and what their runs validate against, includes the options
+# of tasks from installed plugins (the registry's model, read when this module is loaded by a deployment or worker).
+with_registry_options(evaluate)
+with_registry_options(rescore)
 
 
 @flow(name="evaluate-suite", flow_run_name="suite-{params.suite}", validate_parameters=True, log_prints=False)

@@ -86,10 +86,12 @@ def evaluate(params: EvaluateParams, cached_only: bool, orchestrator: str = "aut
     mode = choose(orchestrator, needs_prefect=params.task_runner != "none" and not cached_only)
     if mode == "prefect":
         with prefect_api():
+            from clipcache.flows.orchestration.deployments import with_registry_options
             from clipcache.flows.orchestration.flows import evaluate as evaluate_flow
             from clipcache.flows.orchestration.flows import rescore as rescore_flow
 
-            return (rescore_flow if cached_only else evaluate_flow)(params)
+            # tasks registered in this process since flows.py was loaded: their options are parameters too
+            return with_registry_options(rescore_flow if cached_only else evaluate_flow)(params)
     from clipcache.flows.orchestration.pipeline import run_evaluation
     from clipcache.flows.orchestration.stages import LocalStages
 
