@@ -115,3 +115,28 @@ def test_plugin_task_flags_are_looked_up_only_when_the_arguments_may_use_them():
     assert cli_flags.wants_plugin_flags(["eval", "--image_knn_include_self"], stored)
     assert cli_flags.wants_plugin_flags(None, stored)
     assert "options of tasks from plugins" not in stored_parser().format_help()  # no plugin task installed here
+
+
+COMMAND_MODULES = {"cache", "catalog", "compare", "init", "query", "server", "suite"}
+
+
+@pytest.mark.parametrize("argv, built", [(["eval", "--help"], set()), (["--help"], set()),
+                                         (["compare", "--help"], {"compare"}), (["evl"], set()),
+                                         (["datasets", "--bogus"], {"catalog"})])
+def test_a_command_line_builds_only_its_commands_parser(argv, built):
+    """Only the command run has its parser built (and its module imported); the others are named with their help
+    line, which is all `clipcache --help` and a mistyped command's suggestion need."""
+    rc, modules = imported_by(argv)
+    assert rc in (0, 2)
+    assert {m.rpartition(".")[2] for m in modules if m.startswith("clipcache.flows.cli.")} & COMMAND_MODULES == built
+
+
+def test_every_command_is_listed_alike_whichever_is_built():
+    from clipcache.flows.cli.commands import COMMANDS
+
+    def listing(command: str | None) -> list[tuple[str, str | None]]:
+        [sub] = [a for a in cli.build_parser(command)._actions if isinstance(a, argparse._SubParsersAction)]
+        return [(a.dest, a.help) for a in sub._choices_actions]
+
+    names = [(name, command.help) for name, command in COMMANDS.items()]
+    assert listing(None) == names and all(listing(name) == names for name in COMMANDS)

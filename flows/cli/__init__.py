@@ -1,6 +1,7 @@
 """The ``clipcache`` command line: ``app`` builds the parser and runs a command, ``flags`` declares the eval /
-rescore flags, one module per other command (cache, catalog, compare, init, query, server, suite), ``console``
-prints. It calls down into orchestration/ and config/, never the other way."""
+rescore flags, ``commands`` names every command and its help line (a command line builds only its own parser), one
+module per other command (cache, catalog, compare, init, query, server, suite), ``console`` prints. It calls
+down into orchestration/ and config/, never the other way."""
 
 from collections.abc import Sequence
 

@@ -13,30 +13,42 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from clipcache.flows.cli.commands import add_command, add_commands
 from clipcache.flows.cli.flags import FLAG_NAMES, NOT_FLAGS, _flag
 
-EVAL_COMMANDS = {
-    "eval": ("evaluate models on datasets (zero-shot classification / retrieval, ...)",
-             "Evaluate CLIP-style models; flags as in LAION clip_benchmark."),
-    "rescore": ("recompute metrics from cached embeddings only (same flags as eval)",
-                "Recompute metrics from the cache: no image is decoded and the model is loaded only to encode class "
-                "prompts it has never seen."),
+# eval / rescore: the description beside COMMANDS' help line (flows/cli/commands.py)
+EVAL_DESCRIPTIONS = {
+    "eval": "Evaluate CLIP-style models; flags as in LAION clip_benchmark.",
+    "rescore": "Recompute metrics from the cache: no image is decoded and the model is loaded only to encode class "
+               "prompts it has never seen.",
 }
 
 
-def _eval_parser(sub: argparse._SubParsersAction, command: str, full: bool = True,
-                 argv: Sequence[str] | None = None) -> None:
-    """The eval / rescore parser; ``full=False`` only names it. Its flags come from their stored description
-    (flows/cli/flags.py), so neither --help nor a name error imports the parameter models; plugin tasks' options
-    are looked up only when ``argv`` asks for help or holds a flag the stored ones lack (None: always)."""
-    help_text, description = EVAL_COMMANDS[command]
-    p = sub.add_parser(command, help=help_text, description=description)
-    if not full:
-        return
+def add_eval_parser(sub: argparse._SubParsersAction, command: str, argv: Sequence[str] | None = None) -> None:
+    """The eval / rescore parser. Its flags come from their stored description (flows/cli/flags.py), so neither
+    --help nor a name error imports the parameter models; plugin tasks' options are looked up only when ``argv``
+    asks for help or holds a flag the stored ones lack (None: always)."""
+    p = add_command(sub, command, description=EVAL_DESCRIPTIONS[command])
     from clipcache.flows.cli.flags import add_flags
 
     add_flags(p, argv)
     p.set_defaults(handler=_cmd_eval, cached_only=command == "rescore")
+
+
+def add_run_parser(sub: argparse._SubParsersAction, command: str, argv: Sequence[str] | None = None) -> None:
+    run = add_command(sub, command)
+    run.add_argument("config", help="task_cfg.json or task_cfg.yaml")
+    run.set_defaults(handler=_cmd_run)
+
+
+def add_serve_parser(sub: argparse._SubParsersAction, command: str, argv: Sequence[str] | None = None) -> None:
+    serve = add_command(sub, command, description="Register every deployment in prefect.yaml with the Prefect API "
+                                                  "and run their scheduled and triggered flow runs here, until "
+                                                  "interrupted.")
+    _flag(serve, "prefect_file", default="prefect.yaml")
+    _flag(serve, "deployment", nargs="+", default=None, help="serve only these deployments")
+    _flag(serve, "limit", type=int, default=None, help="at most this many concurrent flow runs")
+    serve.set_defaults(handler=_cmd_serve)
 
 
 def models_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -171,44 +183,14 @@ class VersionAction(argparse.Action):
 
 
 def build_parser(command: str | None = None, argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The CLI's parser; with ``command``, only that command's flags are built in full (start-up time); ``argv``:
-    the arguments it will parse, when known (plugin tasks' option flags are derived only when they may be used)."""
+    """The CLI's parser. Only ``command``'s parser is built (start-up time); every other command is named with its
+    help line (flows/cli/commands.py), which is all ``clipcache --help`` and a mistyped command need. ``argv``: the
+    arguments it will parse, when known (plugin tasks' option flags are derived only when they may be used)."""
     parser = OneLineParser(prog="clipcache", allow_abbrev=False,
-                                     description="Evaluate CLIP-style models from an embedding cache.")
+                           description="Evaluate CLIP-style models from an embedding cache.")
     parser.add_argument("-v", "--verbose", action="store_true", help="show Prefect and library logs")
     parser.add_argument("--version", action=VersionAction)
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in EVAL_COMMANDS:
-        _eval_parser(sub, name, full=command in (None, name) and command is not None, argv=argv)
-    run = sub.add_parser("run", help="run an evalscope-style task config (JSON or YAML)")
-    run.add_argument("config", help="task_cfg.json or task_cfg.yaml")
-    run.set_defaults(handler=_cmd_run)
-    serve = sub.add_parser("serve", help="serve prefect.yaml's deployments (with their schedules) from this process",
-                           description="Register every deployment in prefect.yaml with the Prefect API and run their "
-                                       "scheduled and triggered flow runs here, until interrupted.")
-    _flag(serve, "prefect_file", default="prefect.yaml")
-    _flag(serve, "deployment", nargs="+", default=None, help="serve only these deployments")
-    _flag(serve, "limit", type=int, default=None, help="at most this many concurrent flow runs")
-    serve.set_defaults(handler=_cmd_serve)
-    from clipcache.flows.cli.cache import add_cache_parser
-    from clipcache.flows.cli.catalog import add_catalog_parsers
-    from clipcache.flows.cli.init import add_init_parser
-    from clipcache.flows.cli.query import add_query_parser, add_report_parser, add_results_parser
-    from clipcache.flows.cli.server import add_server_parser
-
-    add_cache_parser(sub)
-    add_query_parser(sub)
-    from clipcache.flows.cli.compare import add_compare_parser
-
-    add_compare_parser(sub)
-    from clipcache.flows.cli.suite import add_suite_parser
-
-    add_suite_parser(sub)
-    add_results_parser(sub)
-    add_report_parser(sub)
-    add_catalog_parsers(sub)
-    add_server_parser(sub)
-    add_init_parser(sub)
+    add_commands(parser.add_subparsers(dest="command", required=True), command, argv)
     return parser
 
 

@@ -7,6 +7,8 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from clipcache.flows.cli.commands import add_command
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -20,8 +22,7 @@ def human_bytes(n: float) -> str:
 
 
 def add_cache_parser(sub: argparse._SubParsersAction) -> None:
-    cache = sub.add_parser("cache", help="list, inspect, verify and clean the embedding cache (and its caption "
-                                         "setups)")
+    cache = add_command(sub, "cache")
     cache.add_argument("--cache_dir", "--cache-dir", dest="cache_dir", default="cache")
     actions = cache.add_subparsers(dest="action", required=True)
     ls = actions.add_parser("ls", help="list entries (model, dataset, split, kind, rows, dim, size, dates)")

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from clipcache.flows.cli.commands import add_command
+
 if TYPE_CHECKING:
     from clipcache.tasks.datasets.record import DatasetRecord
 
 
-def add_catalog_parsers(sub: argparse._SubParsersAction) -> None:
-    d = sub.add_parser("datasets", help="every dataset name: task, original layout, hub repository, cached or not, size")
+def add_datasets_parser(sub: argparse._SubParsersAction) -> None:
+    d = add_command(sub, "datasets")
     d.add_argument("--cache_dir", "--cache-dir", dest="cache_dir", default="cache")
     d.add_argument("--hub", choices=["huggingface", "modelscope"], default="huggingface")
     d.add_argument("--markdown", action="store_true", help="print the README's catalog table")
@@ -20,7 +22,10 @@ def add_catalog_parsers(sub: argparse._SubParsersAction) -> None:
                    help="everything known about one dataset name (mieb:<task> included): sources, layouts, splits, "
                         "languages, licence, reference, citation and where they were read")
     d.set_defaults(handler=run_datasets)
-    m = sub.add_parser("models", help="known models: open_clip pretrained pairs, bundled, HF / ModelScope presets")
+
+
+def add_models_parser(sub: argparse._SubParsersAction) -> None:
+    m = add_command(sub, "models")
     m.add_argument("--filter", default=None, help="only names containing this text")
     m.add_argument("--types", action="store_true", help="list the model loaders (--model_type values) instead")
     m.add_argument("--api-formats", "--api_formats", dest="api_formats", action="store_true",

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
 
+from clipcache.flows.cli.commands import add_command
+
 
 def add_compare_parser(sub: argparse._SubParsersAction) -> None:
-    c = sub.add_parser("compare", help="compare two experiments or models sample by sample (intervals, McNemar)",
-                       description="Line up every dataset and metric two experiments (or two models' reference "
+    c = add_command(sub, "compare", description="Line up every dataset and metric two experiments (or two models' reference "
                                    "experiments) share, from their per-sample rows: the difference, its paired "
                                    "bootstrap 95% interval, a p-value (exact McNemar for acc@1 / acc@5), the samples "
                                    "flipped each way and a verdict at the 5% level. SQL: sample_flips('<id A>', "

@@ -12,14 +12,14 @@ import argparse
 import os
 from pathlib import Path
 
+from clipcache.flows.cli.commands import add_command
+
 PROJECT = Path(__file__).resolve().parent.parent / "project"
 FILES = ("prefect.yaml", "suites/nightly.yaml")
 
 
 def add_init_parser(sub: argparse._SubParsersAction) -> None:
-    init = sub.add_parser("init", help="write prefect.yaml and suites/nightly.yaml into a folder (deployments "
-                                       "from the installed package)",
-                          description="Write the deployments (prefect.yaml) and the nightly suite "
+    init = add_command(sub, "init", description="Write the deployments (prefect.yaml) and the nightly suite "
                                       "(suites/nightly.yaml) into FOLDER, for `prefect deploy --all` or "
                                       "`clipcache serve` run there. An existing file is never replaced: "
                                       "init then writes nothing and names it.")

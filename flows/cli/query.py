@@ -11,6 +11,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, TextIO
 
+from clipcache.flows.cli.commands import add_command
+
 
 def check_output_dir(output_dir: str) -> None:
     """A mistyped --output_dir is an error, not an empty answer."""
@@ -23,8 +25,7 @@ def check_output_dir(output_dir: str) -> None:
 
 
 def add_query_parser(sub: argparse._SubParsersAction) -> None:
-    q = sub.add_parser("query", help="run SQL over the results (views: leaderboard, metrics, metrics_all, runs)",
-                       description="DuckDB SQL over the Parquet results under --output_dir. Views: leaderboard (the "
+    q = add_command(sub, "query", description="DuckDB SQL over the Parquet results under --output_dir. Views: leaderboard (the "
                                    "latest complete reference value per model, checkpoint, dataset, split, language, "
                                    "task, precision, metric, k), metrics (one row per metric value of completed runs, "
                                    "limited runs and what-ifs included), metrics_all (every row and its run's "
@@ -135,7 +136,7 @@ def _render_file(columns: list[str], rows: list[tuple], fmt: str, path: Path) ->
 
 
 def add_results_parser(sub: argparse._SubParsersAction) -> None:
-    results = sub.add_parser("results", help="maintain the Parquet results (compact, migrate, verify)")
+    results = add_command(sub, "results")
     _output_dir(results)
     actions = results.add_subparsers(dest="action", required=True)
     for name, text in (("compact", "merge small result files (row count and checksum are checked to be equal)"),
@@ -186,8 +187,7 @@ def run_results(args: argparse.Namespace) -> int:
 
 
 def add_report_parser(sub: argparse._SubParsersAction) -> None:
-    r = sub.add_parser("report", help="build the dbt marts and write a static HTML report (or, with --compare, "
-                                      "pages of the samples two experiments disagree on)")
+    r = add_command(sub, "report")
     r.add_argument("--output_dir", "--output-dir", dest="output_dir", default="outputs")
     r.add_argument("--out", default=None, help="HTML file (default: <output_dir>/report/index.html); with --compare "
                                                "a folder (default: <output_dir>/report/compare/<A>-vs-<B>)")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from clipcache.flows.cli.commands import add_command
+
 
 def add_server_parser(sub: argparse._SubParsersAction) -> None:
-    server = sub.add_parser("server", help="start / stop a local Prefect server that later calls report to (UI)",
-                            description="A local Prefect server on 127.0.0.1, started in the background. While it "
+    server = add_command(sub, "server", description="A local Prefect server on 127.0.0.1, started in the background. While it "
                                         "runs, clipcache eval / rescore / run calls are Prefect flow runs you can "
                                         "follow in its UI (unless PREFECT_API_URL names another server).")
     actions = server.add_subparsers(dest="action", required=True)

@@ -16,14 +16,15 @@ if TYPE_CHECKING:
     from clipcache.tasks.suites import Suite
     from clipcache.tasks.suites.scoring import ModelScore
 
+from clipcache.flows.cli.commands import add_command
+
 MODEL_HELP = ("only these models, each named as `clipcache compare` takes one (as eval was given it: a name, "
               "local-dir:PATH, a --pretrained file alone or as model@file, model@checkpoint, an experiment id "
               "prefix; or model/pretrained)")
 
 
 def add_suite_parser(sub: argparse._SubParsersAction) -> None:
-    s = sub.add_parser("suite", help="suites of datasets (DataComp, VTAB, clip_benchmark collections) and their scores",
-                       description="A suite lists datasets with their main metric and chance score. `suite score` "
+    s = add_command(sub, "suite", description="A suite lists datasets with their main metric and chance score. `suite score` "
                                    "averages the main metrics over the whole suite from the warehouse (a partial "
                                    "score is labelled so and lists what is missing), with 95% bootstrap intervals "
                                    "from the per-sample rows and the models whose order is not separable at 5%. "
