@@ -11,6 +11,8 @@ artifacts, and returns them. The shipped prefect.yaml's entrypoints name this mo
 
 from __future__ import annotations
 
+import contextlib
+
 from prefect import flow
 
 from clipcache.flows.config.convert_params import ConvertParams
@@ -21,6 +23,7 @@ from clipcache.flows.orchestration.deployments import SuiteParams, load_suite, w
 from clipcache.flows.orchestration.pipeline import PairResult, run_evaluation
 from clipcache.flows.orchestration.reporting import ReportParams, run_report
 from clipcache.flows.orchestration.stages import PrefectStages
+from clipcache.storage.errors import ClipcacheError
 
 __all__ = ["ConvertParams", "EvaluateParams", "ReportParams", "SuiteParams", "convert", "evaluate", "evaluate_suite",
            "report", "rescore", "run_pairs"]
@@ -47,8 +50,11 @@ def rescore(params: EvaluateParams) -> list[PairResult]:
 
 # The parameter schema of evaluate and rescore deployments, and what their runs validate against, includes the options
 # of tasks from installed plugins (the registry's model, read when this module is loaded by a deployment or worker).
-with_registry_options(evaluate)
-with_registry_options(rescore)
+# A plugin option declared unlike a built-in one leaves the plain model here, so that the other flows still load;
+# every evaluate run, and `clipcache serve`, names the clash in one line.
+for _flow in (evaluate, rescore):
+    with contextlib.suppress(ClipcacheError):
+        with_registry_options(_flow)
 
 
 @flow(name="evaluate-suite", flow_run_name="suite-{params.suite}", validate_parameters=True, log_prints=False)
