@@ -14,11 +14,12 @@ from clipcache.flows.cli.commands import add_command
 
 
 def add_compare_parser(sub: argparse._SubParsersAction) -> None:
-    c = add_command(sub, "compare", description="Line up every dataset and metric two experiments (or two models' reference "
-                                   "experiments) share, from their per-sample rows: the difference, its paired "
-                                   "bootstrap 95% interval, a p-value (exact McNemar for acc@1 / acc@5), the samples "
-                                   "flipped each way and a verdict at the 5% level. SQL: sample_flips('<id A>', "
-                                   "'<id B>') in `clipcache query`.")
+    c = add_command(sub, "compare",
+                    description="Line up every dataset and metric two experiments (or two models' reference "
+                                "experiments) share, from their per-sample rows: the difference, its paired "
+                                "bootstrap 95% interval, a p-value (exact McNemar for acc@1 / acc@5), the samples "
+                                "flipped each way and a verdict at the 5% level. SQL: sample_flips('<id A>', "
+                                "'<id B>') in `clipcache query`.")
     c.add_argument("--baseline", required=True, help="experiment id (or a unique prefix), model, model@checkpoint")
     c.add_argument("--candidate", required=True, help="experiment id (or a unique prefix), model, model@checkpoint")
     c.add_argument("--output_dir", "--output-dir", dest="output_dir", default="outputs")

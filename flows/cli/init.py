@@ -19,10 +19,11 @@ FILES = ("prefect.yaml", "suites/nightly.yaml")
 
 
 def add_init_parser(sub: argparse._SubParsersAction) -> None:
-    init = add_command(sub, "init", description="Write the deployments (prefect.yaml) and the nightly suite "
-                                      "(suites/nightly.yaml) into FOLDER, for `prefect deploy --all` or "
-                                      "`clipcache serve` run there. An existing file is never replaced: "
-                                      "init then writes nothing and names it.")
+    init = add_command(sub, "init",
+                       description="Write the deployments (prefect.yaml) and the nightly suite "
+                                   "(suites/nightly.yaml) into FOLDER, for `prefect deploy --all` or "
+                                   "`clipcache serve` run there. An existing file is never replaced: "
+                                   "init then writes nothing and names it.")
     init.add_argument("folder", nargs="?", default=".", help="default: the current folder")
     init.set_defaults(handler=run_init_command)
 

@@ -25,11 +25,12 @@ def check_output_dir(output_dir: str) -> None:
 
 
 def add_query_parser(sub: argparse._SubParsersAction) -> None:
-    q = add_command(sub, "query", description="DuckDB SQL over the Parquet results under --output_dir. Views: leaderboard (the "
-                                   "latest complete reference value per model, checkpoint, dataset, split, language, "
-                                   "task, precision, metric, k), metrics (one row per metric value of completed runs, "
-                                   "limited runs and what-ifs included), metrics_all (every row and its run's "
-                                   "status), runs (one row per run). Read-only: SELECT only, no file access.")
+    q = add_command(sub, "query",
+                    description="DuckDB SQL over the Parquet results under --output_dir. Views: leaderboard (the "
+                                "latest complete reference value per model, checkpoint, dataset, split, language, "
+                                "task, precision, metric, k), metrics (one row per metric value of completed runs, "
+                                "limited runs and what-ifs included), metrics_all (every row and its run's "
+                                "status), runs (one row per run). Read-only: SELECT only, no file access.")
     q.add_argument("sql")
     q.add_argument("--output_dir", "--output-dir", dest="output_dir", default="outputs")
     q.add_argument("--allow_writes", "--allow-writes", dest="allow_writes", action="store_true",

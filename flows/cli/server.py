@@ -8,9 +8,10 @@ from clipcache.flows.cli.commands import add_command
 
 
 def add_server_parser(sub: argparse._SubParsersAction) -> None:
-    server = add_command(sub, "server", description="A local Prefect server on 127.0.0.1, started in the background. While it "
-                                        "runs, clipcache eval / rescore / run calls are Prefect flow runs you can "
-                                        "follow in its UI (unless PREFECT_API_URL names another server).")
+    server = add_command(sub, "server",
+                         description="A local Prefect server on 127.0.0.1, started in the background. While it "
+                                     "runs, clipcache eval / rescore / run calls are Prefect flow runs you can "
+                                     "follow in its UI (unless PREFECT_API_URL names another server).")
     actions = server.add_subparsers(dest="action", required=True)
     start = actions.add_parser("start", help="start it (or report the one running)")
     start.add_argument("--port", type=int, default=None, help="default: a free port")

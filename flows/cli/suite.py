@@ -24,11 +24,12 @@ MODEL_HELP = ("only these models, each named as `clipcache compare` takes one (a
 
 
 def add_suite_parser(sub: argparse._SubParsersAction) -> None:
-    s = add_command(sub, "suite", description="A suite lists datasets with their main metric and chance score. `suite score` "
-                                   "averages the main metrics over the whole suite from the warehouse (a partial "
-                                   "score is labelled so and lists what is missing), with 95% bootstrap intervals "
-                                   "from the per-sample rows and the models whose order is not separable at 5%. "
-                                   "Run a suite with `clipcache eval --suite NAME --model ...`.")
+    s = add_command(sub, "suite",
+                    description="A suite lists datasets with their main metric and chance score. `suite score` "
+                                "averages the main metrics over the whole suite from the warehouse (a partial "
+                                "score is labelled so and lists what is missing), with 95% bootstrap intervals "
+                                "from the per-sample rows and the models whose order is not separable at 5%. "
+                                "Run a suite with `clipcache eval --suite NAME --model ...`.")
     actions = s.add_subparsers(dest="suite_command", required=True)
     actions.add_parser("list", help="the shipped suites").set_defaults(handler=run_list)
     show = actions.add_parser("show", help="a suite's datasets, main metrics and chance scores")
