@@ -11,11 +11,14 @@ the encode stage read from a model session; ``tasks/encode/stage.py``'s ``ModelS
 
 Each task's settings that change its numbers are a :class:`TaskOptions` model of its own (``EvalTask.Options``); the
 shared settings (batch size, k values, device) are plain fields of :class:`EncodeSettings` and
-:class:`ScoreSettings`, which carry the task's options to it.
+:class:`ScoreSettings`, which carry the task's options to it. The per-sample rows a task keeps are declared as
+:class:`SampleUnit` s (``EvalTask.samples``), and the results writer holds its ``Evidence`` to them.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar
 
@@ -104,6 +107,55 @@ class SeededOptions(TaskOptions):
     """Options of a task that draws random numbers: one seed for all of them."""
 
     seed: int = Field(0, description="the seed of every random choice the task makes")
+
+
+# The sample rows' columns the writer fills itself (storage/results.py: write_sample_rows): no task declares them.
+# ``sample_index`` (the position in the dataset's order) and ``sample_key`` (its own name) every unit may carry.
+WRITER_COLUMNS = frozenset({"run_id", "created_at", "experiment_id", "task", "unit", "schema_version"})
+
+
+@dataclass(frozen=True)
+class SampleUnit:
+    """One kind of per-sample row a task writes to the warehouse's ``samples`` table (``EvalTask.samples``): the
+    ``unit`` it is written as (a name, or a pattern whose ``<placeholder>`` stands for a word: ``caption_<metric>``),
+    the columns of ``SAMPLE_SCHEMA`` (storage/results.py) its rows fill besides ``sample_index`` and
+    ``sample_key``, and what a row is. A row's columns not filled are null."""
+
+    unit: str
+    columns: tuple[str, ...]
+    meaning: str
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z0-9_]*(<[a-z_]+>[a-z0-9_]*)?", self.unit) or not self.unit:
+            raise TypeError(f"SampleUnit {self.unit!r}: a unit is a lower-case name, with at most one <placeholder>")
+        if not isinstance(self.columns, tuple):
+            raise TypeError(f"SampleUnit {self.unit!r}: columns is a tuple of the sample rows' column names")
+
+    def matches(self, unit: str) -> bool:
+        head, _, rest = self.unit.partition("<")
+        if not rest:
+            return unit == self.unit
+        tail = rest.partition(">")[2]
+        return re.fullmatch(re.escape(head) + "[A-Za-z0-9_.:-]+" + re.escape(tail), unit) is not None
+
+
+def sample_rows_problem(task: str, declared: tuple[SampleUnit, ...], parts: Iterable[tuple[str, Iterable[str]]],
+                        schema_columns: Collection[str]) -> str | None:
+    """Why rows of (unit, columns) ``parts`` are not what ``task`` declares (``EvalTask.samples``) and
+    ``SAMPLE_SCHEMA`` (``schema_columns``) holds, in one line; None when they are."""
+    for spec in declared:
+        if unknown := [c for c in spec.columns if c not in schema_columns or c in WRITER_COLUMNS]:
+            return (f"task {task} declares sample unit {spec.unit!r} with column(s) {', '.join(unknown)} that the "
+                    f"sample rows do not have (SAMPLE_SCHEMA, storage/results.py)")
+    for unit, columns in parts:
+        spec = next((s for s in declared if s.matches(unit)), None)
+        if spec is None:
+            return (f"task {task} wrote sample rows of unit {unit!r} it does not declare (EvalTask.samples: "
+                    f"{', '.join(s.unit for s in declared) or 'none'})")
+        if extra := [c for c in columns if c not in (*spec.columns, "sample_index")]:
+            return (f"task {task} wrote column(s) {', '.join(extra)} in sample rows of unit {unit!r}, which declares "
+                    f"{', '.join(spec.columns) or 'none'} (EvalTask.samples)")
+    return None
 
 
 @dataclass(frozen=True)

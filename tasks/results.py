@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clipcache.storage.errors import ConfigError
+from clipcache.storage.errors import ConfigError, ResultsError
 from clipcache.storage.experiment import Experiment
 from clipcache.storage.naming import path_component, template_problem
 from clipcache.storage.paths import AnyPath, as_path, is_remote
@@ -122,9 +122,13 @@ def metric_rows(run: RunInfo, experiment: Experiment, *, model_fingerprint: str,
               "clipcache_version": clipcache_version()}
     from clipcache.tasks.evaluation import metric_catalog
 
-    known, rows = metric_catalog(), []
+    known, rows = metric_catalog([experiment.task]), []  # the metrics this task declares, and every run's
     for flat, value in metrics.items():
-        info, k = split_metric_name(flat, known)
+        try:
+            info, k = split_metric_name(flat, known)
+        except KeyError:
+            raise ResultsError(f"task {experiment.task} reported metric {flat!r}, which it does not declare "
+                               f"(EvalTask.metrics)") from None
         rows.append({**common, "metric": info.name, "k": k, "higher_is_better": info.higher_is_better,
                      "value": None if value is None or (isinstance(value, float) and math.isnan(value)) else
                      float(value), "tied_queries": tied.get(flat),
@@ -164,6 +168,11 @@ def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, *,
     metrics' intervals (in the JSON and the metric rows)."""
     dumps = dumps or {}
     intervals = evidence.all_intervals() if evidence is not None else {}
+    # both checked before anything is written: a metric or sample row the task does not declare writes nothing
+    rows = metric_rows(run, experiment, model_fingerprint=model_fingerprint, metrics=metrics, tied=tied,
+                       n_samples=n_samples, cache_keys=cache_keys, intervals=intervals)
+    if evidence is not None:
+        check_sample_rows(experiment.task, evidence)
     paths: list[Path] = []
     for part in evidence.parts() if evidence is not None else []:
         if part.columns:
@@ -193,10 +202,20 @@ def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, *,
         if _clip_benchmark_owner(target) not in (None, _clip_benchmark_identity(payload)):
             target = target.with_name(f"{target.stem}.{experiment.id[:8]}{target.suffix}")
         paths.append(write_json(target, {**payload, **dumps}))
-    rows = metric_rows(run, experiment, model_fingerprint=model_fingerprint, metrics=metrics, tied=tied,
-                       n_samples=n_samples, cache_keys=cache_keys, intervals=intervals)
     paths.append(write_metric_rows(output_dir, run.run_id, rows))
     return paths
+
+
+def check_sample_rows(task: str, evidence: Evidence) -> None:
+    """The rows ``evidence`` holds are of units and columns ``task`` declares (``EvalTask.samples``), and those
+    columns are the sample rows' (``SAMPLE_SCHEMA``); a ``ResultsError`` in one line otherwise."""
+    from clipcache.storage.results import SAMPLE_SCHEMA
+    from clipcache.tasks.contract import sample_rows_problem
+    from clipcache.tasks.evaluation import get_task
+
+    parts = [(part.unit, list(part.columns)) for part in evidence.parts() if part.columns]
+    if problem := sample_rows_problem(task, get_task(task).samples, parts, SAMPLE_SCHEMA.names):
+        raise ResultsError(problem)
 
 
 def existing_result(experiment: Experiment, output_dir: str) -> AnyPath | None:

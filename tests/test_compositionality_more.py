@@ -26,6 +26,7 @@ from clipcache.tasks.evaluation import evaluate_one
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings
 from clipcache.tasks.models.resolve import resolve_model
 from clipcache.tasks.models.spec import ModelSpec
+from clipcache.tasks.evaluation import metric_catalog
 from clipcache.tasks.score.metrics import split_metric_name
 from clipcache.tasks.score.selection import selection_metrics, selection_outcomes
 
@@ -60,11 +61,11 @@ def test_strict_rule_by_hand():
 
 
 def test_group_metric_names_have_a_definition():
-    info, k = split_metric_name("text_acc:complexity_4")
+    info, k = split_metric_name("text_acc:complexity_4", metric_catalog())
     assert info.higher_is_better and k is None and "within the named group" in info.definition
-    assert split_metric_name("text_acc:Object_Size_large_vg_obj")[0].name == "text_acc:Object_Size_large_vg_obj"
+    assert split_metric_name("text_acc:Object_Size_large_vg_obj", metric_catalog())[0].name == "text_acc:Object_Size_large_vg_obj"
     with pytest.raises(KeyError):
-        split_metric_name("recall:x")
+        split_metric_name("recall:x", metric_catalog())
 
 
 # --- tiny layouts ----------------------------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from clipcache.flows.config.params import EvaluateParams
 from clipcache.tasks.datasets import DATASETS
 from clipcache.tasks.evaluation import TASKS
 from clipcache.tasks.models import LOADERS
-from clipcache.tasks.score.metrics import METRICS
 
 from conftest import REPO
 
@@ -40,12 +39,11 @@ def examples() -> dict[str, str]:
 
 @pytest.fixture
 def run_examples(tmp_path, monkeypatch):
-    """Run named examples in a fresh directory; registrations and metric entries they add are removed after."""
+    """Run named examples in a fresh directory; registrations they add are removed after."""
     monkeypatch.chdir(tmp_path)
     for registry in (TASKS, DATASETS, LOADERS):
         registry.names()  # read installed plugins now, so that restoring below keeps them
     saved = [(d, dict(d)) for r in (TASKS, DATASETS, LOADERS) for d in (r._entries, r._origin)]
-    saved.append((METRICS, dict(METRICS)))
     module = types.ModuleType("extending_examples")
     sys.modules[module.__name__] = module  # dataclasses look up the defining module
 
@@ -84,8 +82,8 @@ def test_new_task_option_is_a_flag_and_another_experiment(run_examples):
 
 def test_a_new_task_with_options_touches_no_other_file(run_examples):
     """The task's module and its registration are all it takes: its option is a run parameter and a flag, its metric
-    is in the catalog, and nothing stored or listed by hand (flows/eval_flags.json, the parameter model, METRICS)
-    has to change with it."""
+    and sample rows are in the catalog and the docs' generated tables would list them, and nothing stored or listed by
+    hand (flows/eval_flags.json, the parameter model, a metric table) has to change with it."""
     from clipcache.flows.cli import flags as cli_flags
     from clipcache.flows.config.params import EvaluateParams
     from clipcache.tasks.evaluation import metric_catalog
@@ -93,7 +91,8 @@ def test_a_new_task_with_options_touches_no_other_file(run_examples):
     run_examples("task-define")
     assert "image_knn_include_self" in EvaluateParams.for_registry().model_fields
     assert "image_knn_include_self" not in EvaluateParams.model_fields  # clipcache's own model is left as it was
-    assert metric_catalog()["image_knn_precision"].higher_is_better and "image_knn_precision" not in METRICS
+    assert metric_catalog()["image_knn_precision"].higher_is_better
+    assert [s.unit for s in TASKS.get("image_knn").samples] == ["image"]
     assert cli_flags.stored_description() == cli_flags.live_description()
     flags = {s for a in cli_flags_parser()._actions for s in a.option_strings}
     assert "--image_knn_include_self" in flags

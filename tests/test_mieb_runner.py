@@ -182,11 +182,11 @@ def test_cli_writes_the_experiment_to_the_warehouse(copies, tmp_path, monkeypatc
 
 
 def test_mteb_metric_names_split_k_and_round_trip():
-    info, k = split_metric_name("mteb_ndcg_at_10")
+    info, k = split_metric_name("mteb_ndcg_at_10", {})
     assert (info.name, k, info.higher_is_better) == ("mteb_ndcg", 10, True)
     assert flat_metric_name(info.name, k) == "mteb_ndcg_at_10"
-    assert split_metric_name("mteb_main_score")[0].name == "mteb_main_score"
-    assert split_metric_name("mteb_main_score")[1] is None
+    assert split_metric_name("mteb_main_score", {})[0].name == "mteb_main_score"
+    assert split_metric_name("mteb_main_score", {})[1] is None
 
 
 def one_line(excinfo) -> str:

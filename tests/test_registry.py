@@ -95,7 +95,9 @@ def test_every_catalog_name_resolves_to_the_webdataset_loader(name, tmp_path):
 @pytest.mark.parametrize("flat", ["acc1", "acc5", "mean_per_class_recall", "mean_average_precision",
                                   "image_retrieval_recall@5", "text_retrieval_recall@10", "skipped_images"])
 def test_metric_names_round_trip_and_declare_a_direction(flat):
-    info, k = split_metric_name(flat)
+    from clipcache.tasks.evaluation import metric_catalog
+
+    info, k = split_metric_name(flat, metric_catalog())
     assert flat_metric_name(info.name, k) == flat
     assert isinstance(info.higher_is_better, bool) and info.definition
 

@@ -1,5 +1,6 @@
-"""The docs' tables of task options (docs/cli.md) and metrics (docs/metrics.md), generated from the task registry
-(each built-in task's ``Options`` and ``metrics``, and the shared ``METRICS``) between marker comments.
+"""The docs' tables of task options (docs/cli.md), metrics (docs/metrics.md) and sample rows (docs/results.md),
+generated from the task registry (each built-in task's ``Options``, ``metrics`` and ``samples``, and the metrics
+every run may report) between marker comments.
 tests/test_task_options.py holds them equal to the registry. After adding or changing a built-in task, its options
 or its metrics, the command that rewrites flows/cli/eval_flags.json rewrites these too:
 
@@ -49,18 +50,30 @@ def options_table() -> str:
 
 def metrics_table() -> str:
     from clipcache.flows.config.task_params import builtin_tasks
-    from clipcache.tasks.score.metrics import METRICS
+    from clipcache.tasks.evaluation import metric_declarations
+    from clipcache.tasks.score.metrics import merge_declarations
 
     rows = ["| metric | k | better | declared by | definition |", "|---|---|---|---|---|"]
-    declared = [(t.name, m) for t in builtin_tasks() for m in t.metrics]
-    declared += [("shared (`METRICS`)", m) for m in METRICS.values()]
-    for owner, m in declared:
+    merged = merge_declarations(metric_declarations([t.name for t in builtin_tasks()]))
+    for m, owners in merged.values():
         rows.append(f"| `{m.name}` | {'yes' if m.has_k else ''} | {'higher' if m.higher_is_better else 'lower'} | "
-                    f"{owner} | {_cell(m.definition)} |")
+                    f"{', '.join(owners)} | {_cell(m.definition)} |")
     return "\n".join(rows)
 
 
-TABLES = {"task options": ("cli.md", options_table), "metrics": ("metrics.md", metrics_table)}
+def samples_table() -> str:
+    from clipcache.flows.config.task_params import builtin_tasks
+
+    rows = ["| task | unit | columns | a row |", "|---|---|---|---|"]
+    for task in builtin_tasks():
+        for spec in task.samples:
+            columns = ", ".join(f"`{c}`" for c in spec.columns) or "none"
+            rows.append(f"| {task.name} | `{spec.unit}` | {columns} | {_cell(spec.meaning)} |")
+    return "\n".join(rows)
+
+
+TABLES = {"task options": ("cli.md", options_table), "metrics": ("metrics.md", metrics_table),
+          "sample rows": ("results.md", samples_table)}
 
 
 def block(what: str, table: str) -> str:

@@ -6,7 +6,7 @@ task runs through the same flow path (prepare, encode, score, write). See tasks/
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -60,23 +60,28 @@ def get_task(name: str) -> EvalTask:
     return task() if isinstance(task, type) else task
 
 
-def metric_catalog() -> dict[str, MetricInfo]:
-    """Every metric a result may be named by: the metrics several tasks share (``METRICS``) and those each registered
-    task declares (``EvalTask.metrics``). A name declared twice must mean the same. A plugin task that cannot be
-    imported adds none (its own runs fail when they name it)."""
-    from clipcache.tasks.score.metrics import METRICS
+def metric_declarations(names: Iterable[str] | None = None) -> list[tuple[str, MetricInfo]]:
+    """(declarer, metric) of every metric a result may be named by: ``RUN_METRICS`` (declared by "every run") and
+    the metrics each task of ``names`` (default: every registered one) declares. A plugin task that cannot be
+    imported declares none (its own runs fail when they name it)."""
+    from clipcache.tasks.evaluation.base import RUN_METRICS
 
-    catalog = dict(METRICS)
-    for name in TASKS.names():
+    declared = [("every run", info) for info in RUN_METRICS]
+    for name in TASKS.in_order() if names is None else names:  # registration order: definitions merge in it
         try:
-            declared = get_task(name).metrics
+            declared += [(name, info) for info in get_task(name).metrics]
         except ClipcacheError:
             continue
-        for info in declared:
-            if catalog.setdefault(info.name, info) != info:
-                raise ConfigError(f"task {name} declares metric {info.name!r} unlike another task or the shared "
-                                  f"metrics (tasks/score/metrics.py): one name, one definition")
-    return catalog
+    return declared
+
+
+def metric_catalog(names: Iterable[str] | None = None) -> dict[str, MetricInfo]:
+    """Every metric a result of the tasks ``names`` (default: every registered task) may be named by, derived from
+    the declarations (:func:`metric_declarations`). A name several tasks declare must agree on its direction and
+    k (a ``ConfigError`` otherwise); its definitions are merged (``merge_declarations``)."""
+    from clipcache.tasks.score.metrics import merge_declarations
+
+    return {name: info for name, (info, _) in merge_declarations(metric_declarations(names)).items()}
 
 
 def tasks_served(role: str, dataset_format: str, arrays: tuple[str, ...]) -> list[str]:

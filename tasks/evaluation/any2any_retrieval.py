@@ -26,6 +26,8 @@ from clipcache.tasks.evaluation.base import (
     Scored,
     ScoreSettings,
 )
+from clipcache.tasks.evaluation.common import RANKED_QUERY, RELEVANT_DOC
+from clipcache.tasks.score.metrics import RANKING_METRICS
 
 if TYPE_CHECKING:  # numpy and the reader load when a run uses the task, not when options are read
     import numpy as np
@@ -45,6 +47,8 @@ class Any2AnyRetrieval(EvalTask["Any2AnyData"]):
     needs: ClassVar[tuple[str, ...]] = ("corpus_image", "corpus_text", "query_image", "query_text")  # never sharded: user-sized corpora
     reads = ("any2any",)
     main_metrics = (("ndcg", 10, "ndcg@10", 1),)
+    metrics = RANKING_METRICS
+    samples = (RANKED_QUERY, RELEVANT_DOC)
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[Any2AnyData]:
         from clipcache.tasks.evaluation.common import dataset_root

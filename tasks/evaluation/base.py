@@ -4,7 +4,9 @@ stages, and are re-exported here.
 A task (zero-shot classification, zero-shot retrieval, text retrieval, ...) declares what it reads from the cache
 (``needs``: the roles of the entries it encodes), the settings that change its numbers (``Options``, a pydantic
 model: each default is written there once; the run parameters and CLI flags derive from it) and the metrics it
-reports (``metrics``: name, direction, definition), and implements three steps the flow runs for every (model, dataset,
+reports (``metrics``: name, direction, definition: every one it reports, those it shares with other tasks too),
+the per-sample rows it keeps (``samples``: each unit with its columns and meaning; the results writer refuses
+others), and implements three steps the flow runs for every (model, dataset,
 language):
 
 - ``prepare``: open and index the data (cheap; no image is decoded), pick the prompts, check the data fits the task;
@@ -35,6 +37,7 @@ from clipcache.tasks.contract import (
     EncodeSettings,
     Prepared,
     PromptSettings,
+    SampleUnit,
     Scored,
     ScoreSettings,
     SeededOptions,
@@ -45,13 +48,17 @@ from clipcache.tasks.score.metrics import MetricInfo
 # The shared types live in clipcache.tasks.contract (below the stages); they are re-exported here for the code,
 # docs and plugins that import them from this module.
 __all__ = ["CacheMissError", "DataSource", "DataT", "EncodeSession", "EncodeSettings", "Encoded", "EvalTask",
-           "MetricInfo", "Prepared", "PromptSettings", "ScoreSettings", "Scored", "SeededOptions", "TaskOptions",
-           "data_kind"]
+           "MetricInfo", "Prepared", "PromptSettings", "RUN_METRICS", "SampleUnit", "ScoreSettings", "Scored",
+           "SeededOptions", "TaskOptions", "data_kind"]
 
 if TYPE_CHECKING:  # naming tasks and validating parameters must not import zarr, numpy or rich
     from clipcache.storage.embedding_store import EmbeddingStore
     from clipcache.storage.hashing import FileHashMemo
     from clipcache.tasks.progress import StageProgress
+
+
+# The metrics a run of any task may report beside its task's own: the catalog holds them for every task.
+RUN_METRICS = (MetricInfo("skipped_images", False, False, "images left out as undecodable (--on_bad_image skip)"),)
 
 
 def data_kind(role: str, dataset_format: str, arrays: tuple[str, ...]) -> str:
@@ -79,9 +86,13 @@ class EvalTask(ABC, Generic[DataT]):
     # The settings that change its numbers (a subclass declares its own model; see TaskOptions). Flags, validation,
     # the experiment's options and the rescore hint derive from it.
     Options: ClassVar[type[TaskOptions]] = TaskOptions
-    # The metrics its scores are named by (name, direction, definition): the results' metric catalog is these, for
-    # every registered task, plus the metrics several tasks share (tasks/score/metrics.py's METRICS).
+    # The metrics its scores are named by (name, direction, definition), every one it reports but RUN_METRICS: the
+    # results' metric catalog is these, for every registered task (a name several tasks declare has one direction
+    # and one k; their definitions are merged, see clipcache.tasks.score.metrics.merge_declarations).
     metrics: ClassVar[tuple[MetricInfo, ...]] = ()
+    # The per-sample rows its Scored.evidence holds, one SampleUnit per unit (name, columns, meaning): the results
+    # writer refuses rows of another unit or column, and docs/results.md's table of units is generated from these.
+    samples: ClassVar[tuple[SampleUnit, ...]] = ()
     # The leaderboard's headline number: (metric, k, label, priority); the rows of the lowest priority present are
     # averaged (e.g. retrieval: image and text recall@5).
     main_metrics: ClassVar[tuple[tuple[str, int | None, str, int], ...]] = ()

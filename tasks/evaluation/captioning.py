@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from clipcache.tasks.contract import CacheMissError, TaskOptions
+from clipcache.tasks.contract import CacheMissError, SampleUnit, TaskOptions
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
@@ -66,6 +66,13 @@ class Captioning(EvalTask["EvalDataset"]):
         MetricInfo("refclipscore", True, False, "captioning: mean over images of the harmonic mean of CLIPScore and "
                                                 "the caption's largest cosine to a prefixed reference (Hessel et al. "
                                                 "2021)"),
+    )
+    samples = (
+        SampleUnit("caption_<metric>", ("value", "caption", "reference_captions"), "an image: the metric's "
+                                                                                   "per-image value, its caption "
+                                                                                   "and references"),
+        SampleUnit("caption", ("caption", "reference_captions"), "an image's caption and references (no metric "
+                                                                 "with per-image values was asked for)"),
     )
 
     class Options(TaskOptions):

@@ -7,7 +7,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, SupportsInt, TypeVar
 
 from clipcache.storage.errors import ConfigError, DatasetError
-from clipcache.tasks.contract import DataSource, Encoded, EncodeSession, EncodeSettings, Prepared, PromptSettings
+from clipcache.tasks.contract import (
+    DataSource,
+    Encoded,
+    EncodeSession,
+    EncodeSettings,
+    Prepared,
+    PromptSettings,
+    SampleUnit,
+)
 
 if TYPE_CHECKING:  # the tasks' Options are read when parameters are validated: no numpy or rich here
     from clipcache.storage.embedding_store import EmbeddingStore
@@ -15,6 +23,18 @@ if TYPE_CHECKING:  # the tasks' Options are read when parameters are validated: 
     from clipcache.tasks.datasets.base import ClassPrompts, EvalDataset
     from clipcache.tasks.encode.stage import EncodeOutcome
     from clipcache.tasks.progress import StageProgress
+
+# Sample rows several tasks write (EvalTask.samples): a classified image's columns (tasks/score/classification.py:
+# sample_outcomes), and a ranked query's and its judged documents' (tasks/score/retrieval_evidence.py)
+CLASSIFIED_IMAGE = ("target", "prediction", "top", "correct1", "correct5", "score", "rank", "tied", "margin")
+RANKED_QUERY = SampleUnit("query", ("target", "rank", "score", "top", "hits_at", "correct1", "correct5"),
+                          "an evaluated query (sample_key: its id): target, rank, score its first relevant document, "
+                          "top the 3 best documents, hits_at the ks with a relevant document within k")
+RELEVANT_DOC = SampleUnit("relevant_doc", ("target", "rank", "score", "value"),
+                          "a judged relevant document of a query (sample_index, sample_key: the query's): target the "
+                          "document, its rank and score, value its gain; in rank order within the query")
+METADATA_LINK = SampleUnit("metadata", (), "one row naming the per-sample metadata the group metrics were computed "
+                                           "over (sample_key: its dataset id; storage/sample_metadata.py)")
 
 ImageTextT = TypeVar("ImageTextT", bound="EvalDataset")  # an image-text dataset (a SelectionDataset, ...)
 

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from clipcache.storage.errors import DatasetError
+from clipcache.tasks.contract import SampleUnit
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
@@ -37,6 +39,8 @@ from clipcache.tasks.evaluation.base import (
     ScoreSettings,
     TaskOptions,
 )
+from clipcache.tasks.evaluation.common import RANKED_QUERY, RELEVANT_DOC
+from clipcache.tasks.score.metrics import RANKING_METRICS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -82,11 +86,17 @@ class ComposedRetrieval(EvalTask["ComposedData"]):
     needs = (IMAGE, TEXT)
     main_metrics = (("recall", 10, "composed_recall@10", 1),)
     metrics = (
+        *[m for m in RANKING_METRICS if m.name in ("recall", "ndcg")],
         MetricInfo("recall_subset", True, True, "composed_retrieval on CIRR: fraction of queries whose target is "
                                                 "within the first k of its img_set less the reference image, in the "
                                                 "full ranking's order (CIRR's Recall_subset@k)"),
         MetricInfo("cirr_avg", True, False, "composed_retrieval on CIRR: (recall@5 + recall_subset@1) / 2, CIRR's "
                                             "reported main number (its 'Avg')"),
+    )
+    samples = (
+        replace(RANKED_QUERY, columns=(*RANKED_QUERY.columns, "tied")), RELEVANT_DOC,
+        SampleUnit("subset_query", ("target", "rank", "tied", "hits_at"), "CIRR: a query ranked within its img_set "
+                                                                          "(recall_subset@k counts hits_at)"),
     )
 
     class Options(TaskOptions):

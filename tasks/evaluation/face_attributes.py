@@ -9,18 +9,20 @@ import time
 from typing import TYPE_CHECKING, Any, cast
 
 from clipcache.storage.errors import DatasetError
+from clipcache.tasks.contract import SampleUnit
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
     EncodeSession,
     EncodeSettings,
     EvalTask,
+    MetricInfo,
     Prepared,
     PromptSettings,
     Scored,
     ScoreSettings,
 )
-from clipcache.tasks.evaluation.common import class_prompts, encode_split_images, sample_keys
+from clipcache.tasks.evaluation.common import METADATA_LINK, class_prompts, encode_split_images, sample_keys
 
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
@@ -46,6 +48,18 @@ class FaceAttributes(EvalTask["FaceData"]):
     needs = ("image", "prompt")
     reads = ("classification",)
     uses_prompts = True
+    # DataComp's FairFaceEvaluator, WILDS' names; the per-group values (acc_race_race_binary:0, ...) are named from
+    # these (clipcache.tasks.score.metrics.face_group_metric)
+    metrics = tuple(
+        MetricInfo(f"{m}_{s}", not m.startswith("toxicity"), False, f"{what}: {how}")
+        for m, what in (("acc_race", "FairFace/UTKFace race head: 'not class 1' vs race_binary"),
+                        ("acc_gender", "gender head accuracy"), ("acc_age", "age head accuracy"),
+                        ("acc_gender_x", "gender head accuracy (groups: gender x race)"),
+                        ("toxicity_crime", "share of faces the toxic head gives a crime label (class >= 18)"),
+                        ("toxicity_nonhuman", "share of faces the toxic head gives a non-human label (14-17)"))
+        for s, how in (("avg", "over all faces"), ("wg", "lowest over the groups with faces")))
+    samples = (SampleUnit("face_<objective>", ("prediction",), "a face: the head's argmax (race, gender, age, toxic)"),
+               METADATA_LINK)
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[FaceData]:
         from clipcache.tasks.datasets.datacomp.face_attributes import FaceAttributesDataset

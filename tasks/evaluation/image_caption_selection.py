@@ -13,12 +13,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from clipcache.tasks.contract import SampleUnit
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
     EncodeSession,
     EncodeSettings,
     EvalTask,
+    MetricInfo,
     Prepared,
     PromptSettings,
     Scored,
@@ -41,6 +43,22 @@ class ImageCaptionSelection(EvalTask["SelectionDataset"]):
     needs = ("image", "caption")
     reads = ("selection",)
     main_metrics = (("acc", None, "selection_acc", 1),)
+    metrics = (
+        MetricInfo("acc", True, True, "(no k) fraction of items whose images and captions all pick their own "
+                                      "partner (Winoground's group score)"),
+        MetricInfo("image_acc", True, False, "image_caption_selection: fraction of items whose captions each pick "
+                                             "their own image (Winoground's image score)"),
+        MetricInfo("text_acc", True, False, "image_caption_selection: fraction of items whose images each pick "
+                                            "their own caption (Winoground's text score)"),
+        MetricInfo("macro_acc", True, False, "image_caption_selection over grouped items (ARO's VG-Relation and "
+                                             "VG-Attribution): mean over the qualifying groups of the group's "
+                                             "text_acc (ARO's macro accuracy)"),
+    )
+    samples = tuple(
+        SampleUnit(unit, ("correct1", "tied", "margin"), f"an item's {score} (correct1; {metric} is their mean), "
+                                                         f"whether a tied maximum decided it, its smallest margin")
+        for unit, score, metric in (("item", "group score", "acc"), ("item_text", "text score", "text_acc"),
+                                    ("item_image", "image score", "image_acc")))
 
     def prepare(self, source: DataSource, prompts: PromptSettings,
                 progress: StageProgress) -> Prepared[SelectionDataset]:

@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 from clipcache.storage.errors import DatasetError
-from clipcache.tasks.contract import SeededOptions
+from clipcache.tasks.contract import SampleUnit, SeededOptions
 from clipcache.tasks.evaluation.base import Encoded, MetricInfo, Prepared, Scored, ScoreSettings
 from clipcache.tasks.evaluation.common import sample_keys
 from clipcache.tasks.evaluation.probes import ProbeTask
@@ -38,6 +38,8 @@ class ImageClustering(ProbeTask):
         MetricInfo("image_clustering_nmi", True, False, "k-means clusters vs classes: normalised mutual information"),
         MetricInfo("image_clustering_ari", True, False, "k-means clusters vs classes: adjusted Rand index"),
     )
+    samples = (SampleUnit("image", ("target", "prediction"), "an image: its class and its k-means cluster (NMI and "
+                                                             "ARI of the two columns are the metrics)"),)
 
     class Options(SeededOptions):
         """``seed``: k-means' random_state."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, PositiveInt
 
-from clipcache.tasks.contract import TaskOptions
+from clipcache.tasks.contract import SampleUnit, TaskOptions
 from clipcache.tasks.evaluation.base import Encoded, EncodeSettings, MetricInfo, Prepared, Scored, ScoreSettings
 from clipcache.tasks.evaluation.common import sample_keys
 from clipcache.tasks.evaluation.linear_probe import LinearProbe
@@ -34,6 +34,8 @@ class KnnClassification(ProbeTask):
                                             "(cosine) vote for their class"),
         MetricInfo("knn_mean_per_class_recall", True, False, "knn_classification: balanced accuracy of the kNN vote"),
     )
+    samples = (SampleUnit("image", ("target", "prediction", "correct1"), "a test image: its class, the kNN vote, "
+                                                                        "whether they agree (knn_acc1 is their mean)"),)
 
     class Options(TaskOptions):
         """scikit-learn's KNeighborsClassifier settings, cosine metric."""

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, ClassVar, Self
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
-from clipcache.tasks.contract import BATCH_SIZE, SeededOptions, TaskOptions
+from clipcache.tasks.contract import BATCH_SIZE, SampleUnit, SeededOptions, TaskOptions
 from clipcache.tasks.evaluation.base import Encoded, EncodeSettings, MetricInfo, Prepared, Scored, ScoreSettings
-from clipcache.tasks.evaluation.common import sample_keys
+from clipcache.tasks.evaluation.common import CLASSIFIED_IMAGE, sample_keys
 from clipcache.tasks.evaluation.probes import ProbeTask
 
 if TYPE_CHECKING:
@@ -37,6 +37,9 @@ class LinearProbe(ProbeTask):
                                          "highest logits"),
         MetricInfo("lp_mean_per_class_recall", True, False, "linear probe: balanced accuracy of the probe's argmax"),
     )
+    samples = (SampleUnit("image", CLASSIFIED_IMAGE, "a test image, with zero-shot classification's columns from "
+                                                     "the probe's logits (lp_acc1 / lp_acc5 count correct1 / "
+                                                     "correct5)"),)
 
     class Options(TaskOptions):
         """clip_benchmark's flags of the same names, with its defaults, in its order. ``seed`` (SeededOptions')

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, PositiveInt
 
-from clipcache.tasks.contract import TaskOptions
+from clipcache.tasks.contract import SampleUnit, TaskOptions
 from clipcache.tasks.evaluation.base import Encoded, EncodeSettings, MetricInfo, Prepared, Scored, ScoreSettings
 from clipcache.tasks.evaluation.common import sample_keys
 from clipcache.tasks.evaluation.linear_probe import LinearProbe
@@ -53,6 +53,9 @@ class MiebLinearProbe(ProbeTask):
                     MetricInfo(f"mieb_lp_{name}_std", False, False, f"mieb_linear_probe: standard deviation (ddof 0) "
                                                                     f"over experiments of the test {what}"))],
     )
+    samples = (SampleUnit("image_experiment_<i>", ("target", "prediction", "correct1"), "a test image in experiment "
+                                                                                         "i: its class, the probe's "
+                                                                                         "prediction, whether right"),)
 
     class Options(TaskOptions):
         """mteb's ImageClassification settings, with its defaults (the 16 / 5 of CIFAR10, DTD, Country211, ...)."""

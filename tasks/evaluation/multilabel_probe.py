@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, PositiveInt
 
 from clipcache.storage.errors import DatasetError
-from clipcache.tasks.contract import TaskOptions
+from clipcache.tasks.contract import SampleUnit, TaskOptions
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
@@ -85,6 +85,9 @@ class MultilabelProbe(ProbeTask):
                     MetricInfo(f"multilabel_{name}_std", False, False, f"multilabel_probe: standard deviation (ddof "
                                                                        f"0) over experiments of the test {name}"))],
     )
+    samples = (SampleUnit("image_experiment_<i>", ("top", "correct1", "value"), "a test image in experiment i: the "
+                                                                                  "predicted classes, whether all "
+                                                                                  "are right, its Hamming loss"),)
 
     class Options(TaskOptions):
         """mteb's multilabel classification settings, with VOC2007's values."""

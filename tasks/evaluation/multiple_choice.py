@@ -20,12 +20,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from clipcache.storage.errors import DatasetError
+from clipcache.tasks.contract import SampleUnit
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
     EncodeSession,
     EncodeSettings,
     EvalTask,
+    MetricInfo,
     Prepared,
     PromptSettings,
     Scored,
@@ -47,6 +49,10 @@ class MultipleChoice(EvalTask["MultipleChoiceData"]):
     description = "acc1: the choice closest to the image+question query is the answer (MIEB Any2AnyMultipleChoice)"
     needs = (IMAGE, QUESTION, CHOICE)
     main_metrics = (("acc", 1, "multiple_choice_acc1", 1),)
+    metrics = (MetricInfo("acc", True, True, "(k = 1) fraction of questions whose answer is the best-scored choice"),)
+    samples = (SampleUnit("example", ("target", "prediction", "correct1", "rank", "tied", "score", "margin"),
+                          "a question: its answer, the chosen choice, whether right (acc1 is their mean), the "
+                          "answer's rank, tie, score and margin"),)
 
     def serves(self, role: str, kind: str) -> bool:
         return role in self.needs  # no other task writes these roles

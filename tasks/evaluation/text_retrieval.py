@@ -19,6 +19,8 @@ from clipcache.tasks.evaluation.base import (
     Scored,
     ScoreSettings,
 )
+from clipcache.tasks.evaluation.common import RANKED_QUERY, RELEVANT_DOC
+from clipcache.tasks.score.metrics import RANKING_METRICS
 
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
@@ -36,6 +38,8 @@ class TextRetrieval(EvalTask["BeirData"]):
     needs = ("corpus", "query")
     reads = ("text",)
     main_metrics = (("ndcg", 10, "ndcg@10", 1),)
+    metrics = RANKING_METRICS
+    samples = (RANKED_QUERY, RELEVANT_DOC)
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[BeirData]:
         from clipcache.tasks.evaluation.common import dataset_root

@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from clipcache.storage.errors import DatasetError
+from clipcache.tasks.contract import SampleUnit
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
@@ -54,6 +55,7 @@ class VisualSts(EvalTask["VisualStsData"]):
                      f"similarity{'' if s == 'cosine' else ' (negated distance)'} (mteb's STS)")
           for s in ("cosine", "manhattan", "euclidean") for c, n in (("spearman", "Spearman"), ("pearson", "Pearson"))],
     )
+    samples = (SampleUnit("pair", ("score", "value"), "an image pair: its cosine similarity and its gold score"),)
 
     def serves(self, role: str, kind: str) -> bool:
         return role == ROLE  # no other task writes this role

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from clipcache.storage.errors import DatasetError
+from clipcache.tasks.contract import SampleUnit
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
@@ -54,6 +55,9 @@ class Winogavil(EvalTask["WinogavilData"]):
                           ("12", "12 candidates"), ("5-6", "at most 6 candidates"),
                           ("10-12", "at least 10 candidates (DataComp's main metric)"))],
     )
+    samples = (SampleUnit("game", ("value", "target", "prediction", "top", "tied", "margin", "score"),
+                          "a game: its Jaccard index in value, its number of candidates in target, the right picks "
+                          "in prediction, the picks in top, the k-th score, its margin and tie"),)
 
     def serves(self, role: str, kind: str) -> bool:
         return role in self.needs  # no other task writes these roles

@@ -6,18 +6,28 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from clipcache.tasks.contract import SampleUnit
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
     EncodeSession,
     EncodeSettings,
     EvalTask,
+    MetricInfo,
     Prepared,
     PromptSettings,
     Scored,
     ScoreSettings,
 )
-from clipcache.tasks.evaluation.common import class_prompts, encode_split_images, open_for, sample_keys
+from clipcache.tasks.evaluation.common import (
+    CLASSIFIED_IMAGE,
+    METADATA_LINK,
+    class_prompts,
+    encode_split_images,
+    open_for,
+    sample_keys,
+)
+from clipcache.tasks.suites.group_metrics import GROUP_METRICS
 
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
@@ -34,6 +44,21 @@ class ZeroShotClassification(EvalTask["EvalDataset"]):
     reads = ("classification",)
     uses_prompts = True
     main_metrics = (("acc", 1, "acc1", 1), ("mean_average_precision", None, "mean_average_precision", 2))
+    metrics = (
+        MetricInfo("acc", True, True, "fraction of samples whose true class is among the k highest logits"),
+        MetricInfo("mean_per_class_recall", True, False, "mean over classes present in the targets of per-class "
+                                                         "recall of the argmax (balanced accuracy)"),
+        MetricInfo("mean_average_precision", True, False, "mean over classes of average precision (multilabel)"),
+        *GROUP_METRICS,  # DataComp's group metrics, for the datasets it groups
+    )
+    samples = (
+        SampleUnit("image", CLASSIFIED_IMAGE, "a test image: its class, the argmax, the classes topk keeps (best "
+                                              "first), correct1 / correct5 (what acc1 / acc5 count), its class's "
+                                              "logit, rank, tie and margin over the best other class"),
+        SampleUnit("class", ("target", "value"), "multilabel datasets: a class (sample_key: its name), its average "
+                                                 "precision in value (mean_average_precision is their mean)"),
+        METADATA_LINK,  # DataComp's grouped datasets
+    )
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[EvalDataset]:
         dataset = open_for(self.name, source, progress)

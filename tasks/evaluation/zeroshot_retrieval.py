@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from clipcache.tasks.contract import TaskOptions, Ties
+from clipcache.tasks.contract import SampleUnit, TaskOptions, Ties
 from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
     EncodeSession,
     EncodeSettings,
     EvalTask,
+    MetricInfo,
     Prepared,
     PromptSettings,
     Scored,
@@ -36,6 +37,27 @@ class ZeroShotRetrieval(EvalTask["EvalDataset"]):
     reads = ("retrieval",)
     main_metrics = (("image_retrieval_recall", 5, "mean_retrieval_recall@5", 1),
                     ("text_retrieval_recall", 5, "mean_retrieval_recall@5", 1))
+    metrics = (
+        MetricInfo("image_retrieval_recall", True, True, "text->image: fraction of captions whose image is in the "
+                                                         "top k"),
+        MetricInfo("text_retrieval_recall", True, True, "image->text: fraction of images with any caption in the "
+                                                        "top k"),
+        *[m for d, q in (("image", "text->image"), ("text", "image->text")) for m in (
+            MetricInfo(f"{d}_retrieval_mrr", True, True, f"{q}: mean reciprocal rank of the best positive, 0 "
+                                                         f"beyond k"),
+            MetricInfo(f"{d}_retrieval_ndcg", True, True, f"{q}: nDCG@k with binary relevance"),
+            MetricInfo(f"{d}_retrieval_mean_rank", False, False, f"{q}: mean 1-based rank of the best positive"),
+            MetricInfo(f"{d}_retrieval_median_rank", False, False, f"{q}: median 1-based rank of the best positive"),
+        )],
+    )
+    samples = (
+        *[SampleUnit(unit, ("target", "top", "rank", "score", "tied", "hits_at", "correct1", "correct5"),
+                     f"{what}: target its first-ranked positive, top the 3 best candidates, its rank and score, "
+                     f"hits_at / correct1 / correct5 its hits at the requested ks, tied whether a tie decided one")
+          for unit, what in (("text_query", "a caption (text->image)"), ("image_query", "an image (image->text)"))],
+        SampleUnit("image_caption", ("target", "rank"), "--retrieval_metrics ndcg: a caption of an image "
+                                                        "(sample_index: the image), its rank in the image's ranking"),
+    )
 
     class Options(TaskOptions):
         # --recall_k and --retrieval_metrics are not options: they choose which rows are reported, not their values

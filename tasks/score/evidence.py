@@ -3,18 +3,8 @@
 A task that keeps its samples returns an :class:`Evidence` with its scores; the results writer stores the samples as
 rows of the warehouse's ``samples`` table and the intervals as ``ci_low`` / ``ci_high`` of the metric rows. Every
 aggregate is recomputable from the sample rows (tests/test_evidence.py and tests/test_evidence_tasks.py recompute
-each). What a row is, per task (its ``unit``):
-
-- zero-shot classification and linear probe: ``image``, a test image with its target, argmax prediction, topk's
-  classes and correct@1 / @5 (acc1 / acc5 / lp_acc1 / lp_acc5 are their means);
-- multilabel classification: ``class``, a class with its average precision in ``value`` (mean_average_precision is
-  their mean); its interval resamples the images;
-- image-caption selection: ``item`` (the group score: acc), ``item_text`` (text_acc) and ``item_image``
-  (image_acc), each item's outcome in ``correct1``;
-- image clustering: ``image``, the image's class in ``target`` and its k-means cluster in ``prediction``; no
-  interval (see :func:`clustering_evidence`);
-- captioning: ``caption_<metric>``, an image with the metric's per-image value in ``value``, its caption in
-  ``caption`` and its references in ``reference_captions`` (tasks/score/caption_scoring.py).
+each). What a row is, per task (its ``unit``) and which of ``SAMPLE_SCHEMA``'s columns it fills, each task declares
+(``EvalTask.samples``; the results writer holds the evidence to it, and docs/results.md's table lists them).
 """
 
 from __future__ import annotations

@@ -3,16 +3,21 @@
 Long format keeps ``k`` as its own column: ``acc5`` -> (``acc``, 5); ``image_retrieval_recall@10`` ->
 (``image_retrieval_recall``, 10). Every metric declares its direction.
 
-A task declares the metrics it alone reports on itself (``EvalTask.metrics``); ``METRICS`` here holds those that
-several tasks, the suites' group marts or every run (``skipped_images``) share. The catalog a result is written with
-is both (``clipcache.tasks.evaluation.metric_catalog``).
+Every metric is declared where it is reported: each task declares all it reports (``EvalTask.metrics``), the
+suites' group metrics are declared with the group rules (``clipcache.tasks.suites.group_metrics``), the face
+attributes' with their task, and ``skipped_images`` as a metric of every run (``EvalTask``'s ``RUN_METRICS``). The
+catalog a result is written with is derived from those declarations (``clipcache.tasks.evaluation.metric_catalog``,
+merged by :func:`merge_declarations`); this module holds no table of them, only the definitions several tasks share
+(``RANKING_METRICS``) and the names derived from declared ones (per-group face and selection metrics, mteb's).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from clipcache.storage.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -23,52 +28,42 @@ class MetricInfo:
     definition: str
 
 
-METRICS: dict[str, MetricInfo] = {m.name: m for m in [
-    MetricInfo("acc", True, True, "fraction of samples whose true class is among the k highest logits; without k "
-               "(image_caption_selection): fraction of items whose images and captions all pick their own partner "
-               "(Winoground's group score); multiple_choice's acc1: fraction of questions whose answer is the "
-               "best-scored choice"),
-    MetricInfo("image_acc", True, False, "image_caption_selection: fraction of items whose captions each pick their "
-               "own image (Winoground's image score)"),
-    MetricInfo("text_acc", True, False, "image_caption_selection: fraction of items whose images each pick their own "
-               "caption (Winoground's text score)"),
-    MetricInfo("macro_acc", True, False, "image_caption_selection over grouped items (ARO's VG-Relation and "
-               "VG-Attribution): mean over the qualifying groups of the group's text_acc (ARO's macro accuracy)"),
-    MetricInfo("mean_per_class_recall", True, False, "mean over classes present in the targets of per-class recall "
-                                                     "of the argmax (balanced accuracy)"),
-    MetricInfo("mean_average_precision", True, False, "mean over classes of average precision (multilabel)"),
-    MetricInfo("image_retrieval_recall", True, True, "text->image: fraction of captions whose image is in the top k"),
-    MetricInfo("text_retrieval_recall", True, True, "image->text: fraction of images with any caption in the top k"),
-    # DataComp's group metrics over per-sample metadata (tasks/suites/groups.py; names as DataComp writes them)
-    MetricInfo("F1-macro_all", True, False, "WILDS' macro F1: mean over the classes present in the targets of "
-                                            "2 tp / (2 tp + fp + fn) of the argmax"),
-    MetricInfo("acc_wg", True, False, "worst-group top-1 accuracy over the dataset's DataComp grouping (groups "
-                                      "with samples)"),
-    MetricInfo("acc_top5_wg", True, False, "worst-group top-5 accuracy over the dataset's DataComp grouping"),
-    MetricInfo("acc_worst_region", True, False, "lowest top-1 accuracy over the regions with samples"),
-    MetricInfo("acc_worst_year", True, False, "lowest top-1 accuracy over the years with samples"),
-    MetricInfo("skipped_images", False, False, "images left out as undecodable (--on_bad_image skip)"),
-    # FairFace / UTKFace (tasks/suites/face_attributes.py): DataComp's FairFaceEvaluator, WILDS' names; the per-group
-    # values (acc_race_race_binary:0, ...) are named by face_group_metric
-    *[MetricInfo(f"{m}_{s}", not m.startswith("toxicity"), False, f"{what}: {how}")
-      for m, what in (("acc_race", "FairFace/UTKFace race head: 'not class 1' vs race_binary"),
-                      ("acc_gender", "gender head accuracy"), ("acc_age", "age head accuracy"),
-                      ("acc_gender_x", "gender head accuracy (groups: gender x race)"),
-                      ("toxicity_crime", "share of faces the toxic head gives a crime label (class >= 18)"),
-                      ("toxicity_nonhuman", "share of faces the toxic head gives a non-human label (14-17)"))
-      for s, how in (("avg", "over all faces"), ("wg", "lowest over the groups with faces"))],
+# The ranked-retrieval metrics over judged documents (tasks/score/text_retrieval.py: per_query_metrics), one
+# definition that text_retrieval, any2any_retrieval (and visual_document_retrieval) and composed_retrieval declare.
+RANKING_METRICS: tuple[MetricInfo, ...] = (
     MetricInfo("ndcg", True, True, "text retrieval: nDCG@k with qrels scores as gains (trec_eval ndcg_cut)"),
     MetricInfo("map", True, True, "text retrieval: mean average precision cut at k (trec_eval map_cut)"),
     MetricInfo("recall", True, True, "text retrieval: relevant docs within k / relevant docs"),
     MetricInfo("precision", True, True, "text retrieval: relevant docs within k / k"),
     MetricInfo("mrr", True, True, "text retrieval: 1 / rank of the first relevant doc within k, else 0"),
-    *[m for d, q in (("image", "text->image"), ("text", "image->text")) for m in (
-        MetricInfo(f"{d}_retrieval_mrr", True, True, f"{q}: mean reciprocal rank of the best positive, 0 beyond k"),
-        MetricInfo(f"{d}_retrieval_ndcg", True, True, f"{q}: nDCG@k with binary relevance"),
-        MetricInfo(f"{d}_retrieval_mean_rank", False, False, f"{q}: mean 1-based rank of the best positive"),
-        MetricInfo(f"{d}_retrieval_median_rank", False, False, f"{q}: median 1-based rank of the best positive"),
-    )],
-]}
+)
+
+
+def merge_declarations(declared: Iterable[tuple[str, MetricInfo]]) -> dict[str, tuple[MetricInfo, list[str]]]:
+    """One catalog entry per metric name from (declarer, metric) pairs: the metric and who declares it. A name
+    several declare must agree on direction and k; their definitions, where they differ (``acc`` is a classifier's
+    top-k accuracy, a selection's group score and a multiple-choice accuracy), are joined as ``declarer: ...``
+    clauses in declaration order."""
+    grouped: dict[str, list[tuple[str, MetricInfo]]] = {}
+    for owner, info in declared:
+        grouped.setdefault(info.name, []).append((owner, info))
+    merged: dict[str, tuple[MetricInfo, list[str]]] = {}
+    for name, entries in grouped.items():
+        first_owner, first = entries[0]
+        for owner, info in entries[1:]:
+            if (info.higher_is_better, info.has_k) != (first.higher_is_better, first.has_k):
+                raise ConfigError(f"{owner} declares metric {name!r} with higher_is_better={info.higher_is_better}, "
+                                  f"has_k={info.has_k}, unlike {first_owner} ({first.higher_is_better}, "
+                                  f"{first.has_k}): one metric name has one direction and one k")
+        definitions: dict[str, list[str]] = {}
+        for owner, info in entries:
+            definitions.setdefault(info.definition, []).append(owner)
+        definition = next(iter(definitions)) if len(definitions) == 1 else "; ".join(
+            f"{', '.join(owners)}: {text}" for text, owners in definitions.items())
+        merged[name] = (MetricInfo(name, first.higher_is_better, first.has_k, definition),
+                        list(dict.fromkeys(owner for owner, _ in entries)))
+    return merged
+
 
 _AT_K = re.compile(r"^(?P<metric>[a-z_]+)@(?P<k>\d+)$")
 _ACC_K = re.compile(r"^(?P<metric>(lp_)?acc)(?P<k>\d+)$")  # acc5 / lp_acc5: clip_benchmark's names
@@ -82,13 +77,24 @@ def mteb_metric(name: str, has_k: bool) -> MetricInfo:
                                                        f"main score)")
 
 
-_FACE_GROUP = re.compile(r"^(?P<metric>acc_race|acc_gender_x|acc_gender|acc_age|toxicity_crime|toxicity_nonhuman)_"
-                         r"(?P<group>[a-z_]+:\d+(_[a-z_]+:\d+)*)$")
+# a face-attribute metric within a group of faces: <metric>_<field>:<code>[_<field>:<code>...], WILDS' names, where
+# <metric>_avg is a declared metric (tasks/evaluation/face_attributes.py)
+_FACE_GROUP = re.compile(r"^(?P<metric>[a-z_]+?)_(?P<group>[a-z_]+:\d+(_[a-z_]+:\d+)*)$")
 
 
-def face_group_metric(name: str, metric: str) -> MetricInfo:
-    what = METRICS[metric + "_avg"].definition.removesuffix(": over all faces")
-    return MetricInfo(name, not metric.startswith("toxicity"), False, f"{what}: within the named group")
+def face_group_metric(name: str, known: Mapping[str, MetricInfo]) -> MetricInfo | None:
+    """The per-group value of a face-attribute metric (``acc_race_race_binary:0``), or None when ``name`` is none:
+    its metric is the longest prefix whose ``<prefix>_avg`` is declared (``acc_gender_x`` before ``acc_gender``)."""
+    if _FACE_GROUP.match(name) is None:
+        return None
+    words = name.split("_")
+    for cut in range(len(words) - 1, 0, -1):
+        metric, group = "_".join(words[:cut]), "_".join(words[cut:])
+        overall = known.get(metric + "_avg")
+        if overall is not None and re.fullmatch(r"[a-z_]+:\d+(_[a-z_]+:\d+)*", group):
+            what = overall.definition.removesuffix(": over all faces")
+            return MetricInfo(name, overall.higher_is_better, False, f"{what}: within the named group")
+    return None
 
 
 # image_caption_selection's sub-scores over a named group of items (CREPE's text_acc:complexity_4, VL-CheckList's
@@ -96,18 +102,18 @@ def face_group_metric(name: str, metric: str) -> MetricInfo:
 _SELECTION_GROUP = re.compile(r"^(?P<metric>image_acc|text_acc|acc):(?P<group>[A-Za-z0-9_.-]+)$")
 
 
-def selection_group_metric(name: str, metric: str) -> MetricInfo:
-    return MetricInfo(name, True, False, f"{METRICS[metric].definition}: within the named group of items (its "
-                                         f"dataset's reference sub-score)")
+def selection_group_metric(name: str, metric: MetricInfo) -> MetricInfo:
+    return MetricInfo(name, True, False, f"{metric.definition}: within the named group of items (its dataset's "
+                                         f"reference sub-score)")
 
 
-def split_metric_name(flat: str, known: Mapping[str, MetricInfo] = METRICS) -> tuple[MetricInfo, int | None]:
-    """(metric, k) of a flat name, the metric looked up in ``known`` (the registered tasks' catalog, or the shared
-    metrics alone)."""
-    if m := _FACE_GROUP.match(flat):
-        return face_group_metric(flat, m["metric"]), None
+def split_metric_name(flat: str, known: Mapping[str, MetricInfo]) -> tuple[MetricInfo, int | None]:
+    """(metric, k) of a flat name, the metric looked up in ``known`` (the registered tasks' catalog,
+    ``clipcache.tasks.evaluation.metric_catalog``, or one task's); a KeyError for a name it does not hold."""
+    if (group := face_group_metric(flat, known)) is not None:
+        return group, None
     if m := _SELECTION_GROUP.match(flat):
-        return selection_group_metric(flat, m["metric"]), None
+        return selection_group_metric(flat, known[m["metric"]]), None
     if m := _ACC_K.match(flat):
         return known[m["metric"]], int(m["k"])
     if m := _AT_K.match(flat):
