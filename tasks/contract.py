@@ -144,17 +144,20 @@ def sample_rows_problem(task: str, declared: tuple[SampleUnit, ...], parts: Iter
     """Why rows of (unit, columns) ``parts`` are not what ``task`` declares (``EvalTask.samples``) and
     ``SAMPLE_SCHEMA`` (``schema_columns``) holds, in one line; None when they are."""
     for spec in declared:
-        if unknown := [c for c in spec.columns if c not in schema_columns or c in WRITER_COLUMNS]:
+        if unknown := [c for c in spec.columns if c not in schema_columns]:
             return (f"task {task} declares sample unit {spec.unit!r} with column(s) {', '.join(unknown)} that the "
                     f"sample rows do not have (SAMPLE_SCHEMA, storage/results.py)")
+        if fixed := [c for c in spec.columns if c in WRITER_COLUMNS]:
+            return (f"task {task} declares sample unit {spec.unit!r} with column(s) {', '.join(fixed)} that the "
+                    f"results writer fills itself")
     for unit, columns in parts:
-        spec = next((s for s in declared if s.matches(unit)), None)
-        if spec is None:
+        found = next((s for s in declared if s.matches(unit)), None)
+        if found is None:
             return (f"task {task} wrote sample rows of unit {unit!r} it does not declare (EvalTask.samples: "
                     f"{', '.join(s.unit for s in declared) or 'none'})")
-        if extra := [c for c in columns if c not in (*spec.columns, "sample_index")]:
+        if extra := [c for c in columns if c not in (*found.columns, "sample_index")]:
             return (f"task {task} wrote column(s) {', '.join(extra)} in sample rows of unit {unit!r}, which declares "
-                    f"{', '.join(spec.columns) or 'none'} (EvalTask.samples)")
+                    f"{', '.join(found.columns) or 'none'} (EvalTask.samples)")
     return None
 
 

@@ -122,13 +122,9 @@ def metric_rows(run: RunInfo, experiment: Experiment, *, model_fingerprint: str,
               "clipcache_version": clipcache_version()}
     from clipcache.tasks.evaluation import metric_catalog
 
-    known, rows = metric_catalog([experiment.task]), []  # the metrics this task declares, and every run's
+    known, rows = metric_catalog([experiment.task]), []  # the metrics this task declares (check_declared)
     for flat, value in metrics.items():
-        try:
-            info, k = split_metric_name(flat, known)
-        except KeyError:
-            raise ResultsError(f"task {experiment.task} reported metric {flat!r}, which it does not declare "
-                               f"(EvalTask.metrics)") from None
+        info, k = split_metric_name(flat, known)
         rows.append({**common, "metric": info.name, "k": k, "higher_is_better": info.higher_is_better,
                      "value": None if value is None or (isinstance(value, float) and math.isnan(value)) else
                      float(value), "tied_queries": tied.get(flat),
@@ -168,11 +164,9 @@ def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, *,
     metrics' intervals (in the JSON and the metric rows)."""
     dumps = dumps or {}
     intervals = evidence.all_intervals() if evidence is not None else {}
-    # both checked before anything is written: a metric or sample row the task does not declare writes nothing
+    check_declared(experiment.task, metrics, evidence)  # a metric or sample row not declared writes nothing
     rows = metric_rows(run, experiment, model_fingerprint=model_fingerprint, metrics=metrics, tied=tied,
                        n_samples=n_samples, cache_keys=cache_keys, intervals=intervals)
-    if evidence is not None:
-        check_sample_rows(experiment.task, evidence)
     paths: list[Path] = []
     for part in evidence.parts() if evidence is not None else []:
         if part.columns:
@@ -204,6 +198,23 @@ def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, *,
         paths.append(write_json(target, {**payload, **dumps}))
     paths.append(write_metric_rows(output_dir, run.run_id, rows))
     return paths
+
+
+def check_declared(task: str, metrics: dict[str, float], evidence: Evidence | None) -> None:
+    """What a task's ``score`` returned is what it declares: every metric (``EvalTask.metrics``, or every run's) and
+    every sample row's unit and column (``EvalTask.samples``); a ``ResultsError`` in one line otherwise.
+    ``evaluate_one`` checks it too, so every test that scores a task holds the task to its declarations."""
+    from clipcache.tasks.evaluation import metric_catalog
+
+    known = metric_catalog([task])
+    for flat in metrics:
+        try:
+            split_metric_name(flat, known)
+        except KeyError:
+            raise ResultsError(f"task {task} reported metric {flat!r}, which it does not declare "
+                               f"(EvalTask.metrics)") from None
+    if evidence is not None:
+        check_sample_rows(task, evidence)
 
 
 def check_sample_rows(task: str, evidence: Evidence) -> None:

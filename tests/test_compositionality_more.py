@@ -22,11 +22,10 @@ from clipcache.storage.hashing import FileHashMemo
 from clipcache.tasks.datasets import default_task, open_dataset
 from clipcache.tasks.datasets.compositionality.compositionality_more import facts
 from clipcache.tasks.encode.stage import ModelSession
-from clipcache.tasks.evaluation import evaluate_one
+from clipcache.tasks.evaluation import evaluate_one, metric_catalog
 from clipcache.tasks.evaluation.base import DataSource, EncodeSettings
 from clipcache.tasks.models.resolve import resolve_model
 from clipcache.tasks.models.spec import ModelSpec
-from clipcache.tasks.evaluation import metric_catalog
 from clipcache.tasks.score.metrics import split_metric_name
 from clipcache.tasks.score.selection import selection_metrics, selection_outcomes
 

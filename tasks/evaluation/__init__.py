@@ -110,10 +110,12 @@ def evaluate_one(task: str, session: EncodeSession, source: DataSource, store: E
                  prompts: PromptSettings | None = None, options: TaskOptions | Mapping[str, Any] | None = None,
                  progress: StageProgress | None = None) -> Scored:
     """One task on one dataset with one model session, without a flow: prepare, encode what is missing, score.
-    (What the pipeline does per pair, minus results files; for scripts, benchmarks and tests.) ``options``: the
+    (What the pipeline does per pair, minus results files, but with their check that the metrics and sample rows
+    are those the task declares; for scripts, benchmarks and tests.) ``options``: the
     task's options, as its ``Options`` model or a mapping of its fields (default: the settings' own, else the
     model's defaults)."""
     from clipcache.tasks.progress import StageProgress
+    from clipcache.tasks.results import check_declared
 
     chosen = get_task(task)
     if options is not None:
@@ -123,4 +125,6 @@ def evaluate_one(task: str, session: EncodeSession, source: DataSource, store: E
     progress = progress or StageProgress(enabled=False)
     prepared = chosen.prepare(source, prompts or PromptSettings(), progress)
     encoded = chosen.encode(session, prepared, store, memo, encode or EncodeSettings(), progress)
-    return chosen.score(store, encoded, prepared, score or ScoreSettings())
+    scored = chosen.score(store, encoded, prepared, score or ScoreSettings())
+    check_declared(task, scored.metrics, scored.evidence)  # what a result of it would be refused for
+    return scored
