@@ -170,3 +170,39 @@ def test_naming_a_declaring_task_imports_no_numpy_or_pyarrow():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True,
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.fixture(scope="module")
+def bundled(tmp_path_factory):
+    """The bundled tiny model, and one cache for every task below (they share the shapes images)."""
+    import torch
+
+    from clipcache.storage.embedding_store import EmbeddingStore
+    from clipcache.storage.hashing import FileHashMemo
+    from clipcache.tasks.encode.stage import ModelSession
+    from clipcache.tasks.models.resolve import resolve_model
+    from clipcache.tasks.models.spec import ModelSpec
+
+    memo = FileHashMemo(None)
+    session = ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), memo), torch.device("cpu"),
+                           amp=False, precision="fp32")
+    return session, EmbeddingStore(tmp_path_factory.mktemp("cache")), memo
+
+
+@pytest.mark.parametrize(("task", "dataset"), [("zeroshot_classification", "shapes"),
+                                               ("zeroshot_retrieval", "shapes_retrieval"),
+                                               ("linear_probe", "shapes"), ("knn_classification", "shapes"),
+                                               ("image_clustering", "shapes")])
+def test_a_task_on_the_bundled_data_fills_exactly_the_columns_it_declares(bundled, task, dataset):
+    """evaluate_one refuses rows the task does not declare (every test scoring a task checks that); here the
+    declaration is also no looser than the rows: each declared column of a unit written is filled."""
+    from clipcache.tasks.evaluation import evaluate_one
+    from clipcache.tasks.evaluation.base import DataSource, ScoreSettings
+
+    session, store, memo = bundled
+    scored = evaluate_one(task, session, DataSource(dataset, limit=90), store, memo,
+                          score=ScoreSettings(recall_k=(1, 5), retrieval_metrics=("recall", "ndcg"), bootstrap=0))
+    assert scored.evidence is not None
+    for part in scored.evidence.parts():
+        [spec] = [s for s in get_task(task).samples if s.matches(part.unit)]
+        assert set(part.columns) - {"sample_index"} == set(spec.columns), (task, part.unit)
