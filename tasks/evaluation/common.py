@@ -29,7 +29,8 @@ if TYPE_CHECKING:  # the tasks' Options are read when parameters are validated: 
 CLASSIFIED_IMAGE = ("target", "prediction", "top", "correct1", "correct5", "score", "rank", "tied", "margin")
 RANKED_QUERY = SampleUnit("query", ("target", "rank", "score", "top", "hits_at", "correct1", "correct5"),
                           "an evaluated query (sample_key: its id): target, rank, score its first relevant document, "
-                          "top the 3 best documents, hits_at the ks with a relevant document within k")
+                          "top the 3 best documents by position in the corpus, hits_at the ks with a relevant "
+                          "document within k")
 RELEVANT_DOC = SampleUnit("relevant_doc", ("target", "rank", "score", "value"),
                           "a judged relevant document of a query (sample_index, sample_key: the query's): target the "
                           "document, its rank and score, value its gain; in rank order within the query")

@@ -55,10 +55,11 @@ class ImageCaptionSelection(EvalTask["SelectionDataset"]):
                                              "text_acc (ARO's macro accuracy)"),
     )
     samples = tuple(
-        SampleUnit(unit, ("correct1", "tied", "margin"), f"an item's {score} (correct1; {metric} is their mean), "
-                                                         f"whether a tied maximum decided it, its smallest margin")
-        for unit, score, metric in (("item", "group score", "acc"), ("item_text", "text score", "text_acc"),
-                                    ("item_image", "image score", "image_acc")))
+        SampleUnit(unit, ("correct1", "tied", "margin"), f"an item (sample_key: SugarCrepe's or Winoground's id): "
+                                                         f"correct1 its {score}, tied whether a tied maximum "
+                                                         f"decided it, margin its smallest gap to a rival (NaN "
+                                                         f"without one: SugarCrepe's image side)")
+        for unit, score in (("item", "group outcome"), ("item_text", "text outcome"), ("item_image", "image outcome")))
 
     def prepare(self, source: DataSource, prompts: PromptSettings,
                 progress: StageProgress) -> Prepared[SelectionDataset]:

@@ -38,8 +38,8 @@ class ImageClustering(ProbeTask):
         MetricInfo("image_clustering_nmi", True, False, "k-means clusters vs classes: normalised mutual information"),
         MetricInfo("image_clustering_ari", True, False, "k-means clusters vs classes: adjusted Rand index"),
     )
-    samples = (SampleUnit("image", ("target", "prediction"), "an image: its class and its k-means cluster (NMI and "
-                                                             "ARI of the two columns are the metrics)"),)
+    samples = (SampleUnit("image", ("target", "prediction"), "an image: target its class, prediction its k-means "
+                                                             "cluster"),)
 
     class Options(SeededOptions):
         """``seed``: k-means' random_state."""

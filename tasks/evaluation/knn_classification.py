@@ -35,7 +35,7 @@ class KnnClassification(ProbeTask):
         MetricInfo("knn_mean_per_class_recall", True, False, "knn_classification: balanced accuracy of the kNN vote"),
     )
     samples = (SampleUnit("image", ("target", "prediction", "correct1"), "a test image: its class, the kNN vote, "
-                                                                        "whether they agree (knn_acc1 is their mean)"),)
+                                                                        "whether they agree"),)
 
     class Options(TaskOptions):
         """scikit-learn's KNeighborsClassifier settings, cosine metric."""

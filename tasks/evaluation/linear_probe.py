@@ -37,9 +37,8 @@ class LinearProbe(ProbeTask):
                                          "highest logits"),
         MetricInfo("lp_mean_per_class_recall", True, False, "linear probe: balanced accuracy of the probe's argmax"),
     )
-    samples = (SampleUnit("image", CLASSIFIED_IMAGE, "a test image, with zero-shot classification's columns from "
-                                                     "the probe's logits (lp_acc1 / lp_acc5 count correct1 / "
-                                                     "correct5)"),)
+    samples = (SampleUnit("image", CLASSIFIED_IMAGE, "a test image, with the columns of zero-shot "
+                                                     "classification from the probe's logits"),)
 
     class Options(TaskOptions):
         """clip_benchmark's flags of the same names, with its defaults, in its order. ``seed`` (SeededOptions')

@@ -55,8 +55,8 @@ class ZeroShotClassification(EvalTask["EvalDataset"]):
         SampleUnit("image", CLASSIFIED_IMAGE, "a test image: its class, the argmax, the classes topk keeps (best "
                                               "first), correct1 / correct5 (what acc1 / acc5 count), its class's "
                                               "logit, rank, tie and margin over the best other class"),
-        SampleUnit("class", ("target", "value"), "multilabel datasets: a class (sample_key: its name), its average "
-                                                 "precision in value (mean_average_precision is their mean)"),
+        SampleUnit("class", ("target", "value"), "multilabel datasets: a class (sample_index and target its id, "
+                                                 "sample_key its name), value its average precision"),
         METADATA_LINK,  # DataComp's grouped datasets
     )
 

@@ -52,11 +52,17 @@ class ZeroShotRetrieval(EvalTask["EvalDataset"]):
     )
     samples = (
         *[SampleUnit(unit, ("target", "top", "rank", "score", "tied", "hits_at", "correct1", "correct5"),
-                     f"{what}: target its first-ranked positive, top the 3 best candidates, its rank and score, "
-                     f"hits_at / correct1 / correct5 its hits at the requested ks, tied whether a tie decided one")
-          for unit, what in (("text_query", "a caption (text->image)"), ("image_query", "an image (image->text)"))],
-        SampleUnit("image_caption", ("target", "rank"), "--retrieval_metrics ndcg: a caption of an image "
-                                                        "(sample_index: the image), its rank in the image's ranking"),
+                     f"{what}: target the positive ranked first (images by dataset position, captions by caption "
+                     f"position; null for an image without captions), rank 1 + its rank under the stable rule, "
+                     f"score its score, top the 3 best candidates (equal scores: lower index first), hits_at / "
+                     f"correct1 / correct5 its hit at each requested k under --ties, tied whether a tie across the "
+                     f"cut-off decided one")
+          for unit, what in (("text_query", "a caption (text->image; sample_index: its place in the dataset's "
+                                            "caption order)"),
+                             ("image_query", "an image (image->text)"))],
+        SampleUnit("image_caption", ("target", "rank"), "with --retrieval_metrics ndcg: a caption of an image "
+                                                        "(sample_index the image, target the caption), rank its rank "
+                                                        "in the image's ranking"),
     )
 
     class Options(TaskOptions):
