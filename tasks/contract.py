@@ -12,7 +12,7 @@ the encode stage read from a model session; ``tasks/encode/stage.py``'s ``ModelS
 Each task's settings that change its numbers are a :class:`TaskOptions` model of its own (``EvalTask.Options``); the
 shared settings (batch size, k values, device) are plain fields of :class:`EncodeSettings` and
 :class:`ScoreSettings`, which carry the task's options to it. The per-sample rows a task keeps are declared as
-:class:`SampleUnit` s (``EvalTask.samples``), and the results writer holds its ``Evidence`` to them.
+:class:`SampleUnit` records (``EvalTask.samples``), and the results writer holds its ``Evidence`` to them.
 """
 
 from __future__ import annotations

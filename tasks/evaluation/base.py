@@ -3,11 +3,10 @@ stages, and are re-exported here.
 
 A task (zero-shot classification, zero-shot retrieval, text retrieval, ...) declares what it reads from the cache
 (``needs``: the roles of the entries it encodes), the settings that change its numbers (``Options``, a pydantic
-model: each default is written there once; the run parameters and CLI flags derive from it) and the metrics it
-reports (``metrics``: name, direction, definition: every one it reports, those it shares with other tasks too),
-the per-sample rows it keeps (``samples``: each unit with its columns and meaning; the results writer refuses
-others), and implements three steps the flow runs for every (model, dataset,
-language):
+model: each default is written there once; the run parameters and CLI flags derive from it), every metric it
+reports (``metrics``: name, direction, definition; those it shares with other tasks too) and the per-sample rows it
+keeps (``samples``: each unit with its columns and meaning; the results writer refuses others). Its scorer is its
+``score``. It implements three steps the flow runs for every (model, dataset, language):
 
 - ``prepare``: open and index the data (cheap; no image is decoded), pick the prompts, check the data fits the task;
 - ``encode``: make sure every entry it needs is in the cache (encoding only what is missing; with ``cached_only`` a

@@ -34,6 +34,7 @@ RANKED_QUERY = SampleUnit("query", ("target", "rank", "score", "top", "hits_at",
 RELEVANT_DOC = SampleUnit("relevant_doc", ("target", "rank", "score", "value"),
                           "a judged relevant document of a query (sample_index, sample_key: the query's): target the "
                           "document, its rank and score, value its gain; in rank order within the query")
+# storage/sample_metadata.py's LINK_UNIT, named here without importing pyarrow (the writer's check holds them equal)
 METADATA_LINK = SampleUnit("metadata", (), "one row naming the per-sample metadata the group metrics were computed "
                                            "over (sample_key: its dataset id; storage/sample_metadata.py)")
 
