@@ -15,7 +15,8 @@ FILES = re.compile(r"(?<![\w/.-])((?:flows|tasks|storage|tests|benchmarks|script
                    r"/[\w./*-]*[\w*])(?::(\w+))?")
 # entry-point groups and file names that read like dotted module paths
 NOT_MODULES = {"clipcache.datasets", "clipcache.tasks", "clipcache.models", "clipcache.loaders", "clipcache.html",
-               "clipcache.egg", "clipcache.api_formats", "clipcache.dataset_sources"}
+               "clipcache.egg", "clipcache.api_formats", "clipcache.dataset_sources",
+               "clipcache.flow"}  # entry-point groups, file names and the flows' logger (log lines quoted in docs)
 
 
 def mentions(pattern: re.Pattern) -> list[tuple[str, str]]:
