@@ -225,24 +225,35 @@ def _decisions(top: torch.Tensor, positive: torch.Tensor, ks: list[int], n_candi
     return hits.cpu().numpy(), undecided.cpu().numpy()
 
 
-def _decide_block(rows: torch.Tensor, positives: list[torch.Tensor], k: int, rule: str,
-                  topk_device: torch.device) -> tuple[np.ndarray, np.ndarray]:
-    """(hit, tie-sensitive) per exact score row (one query per row, on the CPU) at ``k``."""
-    kth = torch.topk(rows, k, dim=1).values[:, -1:]
-    greater, equal = (rows > kth).sum(dim=1), (rows == kth).sum(dim=1)
-    if rule == "topk":  # one call for the block, on the device clip_benchmark ran topk on
-        kept = torch.topk(rows.to(topk_device), k, dim=1).indices.cpu()
-    hits = np.zeros(len(rows), dtype=bool)
-    tied = np.zeros(len(rows), dtype=bool)
-    for i, own in enumerate(positives):
-        values = rows[i, own]
-        tied[i] = bool((values == kth[i]).any()) and int(greater[i] + equal[i]) > k
-        if rule == "topk":
-            hits[i] = bool(torch.isin(own, kept[i]).any())
-        else:  # stable: rank = scores above + equal scores at lower indices; the best positive counts
-            before = torch.cumsum(rows[i] == values[:, None], dim=1).gather(1, own[:, None]).squeeze(1) - 1
-            hits[i] = bool(((rows[i] > values[:, None]).sum(dim=1) + before).min() < k)
-    return hits, tied
+def _decide_block(rows: torch.Tensor, positive: np.ndarray, k: int, rule: str, topk_device: torch.device
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(hit, tie-sensitive) per exact score row (one query per row, on the CPU) at ``k``; ``positive``: which
+    entries of the rows are the query's positives (a boolean mask of the rows' shape)."""
+    # one topk call for the block, on the device clip_benchmark ran topk on: its k-th value, and (rule topk) its choice
+    found = torch.topk(rows.to(topk_device), k, dim=1)
+    scores, kth = rows.numpy(), found.values[:, -1:].cpu().numpy()
+    at_kth = scores == kth
+    greater = np.count_nonzero(scores > kth, axis=1)
+    tied = (positive & at_kth).any(axis=1) & (greater + np.count_nonzero(at_kth, axis=1) > k)
+    if rule == "topk":  # a hit: a positive among the kept indices
+        return np.take_along_axis(positive, found.indices.cpu().numpy(), axis=1).any(axis=1), tied
+    # stable: the best positive (highest score, lowest index) ranks first among the positives; its rank is the
+    # scores above it + the equal scores at lower indices
+    best = np.where(positive, scores, -np.inf).max(axis=1, keepdims=True)
+    first = np.argmax(positive & (scores == best), axis=1)
+    before = np.arange(scores.shape[1])[None, :] < first[:, None]
+    rank = np.count_nonzero(scores > best, axis=1) + np.count_nonzero((scores == best) & before, axis=1)
+    return positive.any(axis=1) & (rank < k), tied
+
+
+def _positive_mask(queries: np.ndarray, owner: np.ndarray, width: int, *, images: bool) -> np.ndarray:
+    """Which of ``width`` candidates are each query's positives: a caption's own image (text queries), an image's
+    captions (``images``: image queries; ``owner[c]`` the image of caption c)."""
+    if images:
+        return owner[None, :] == queries[:, None]
+    mask = np.zeros((len(queries), width), dtype=bool)
+    mask[np.arange(len(queries)), owner[queries]] = True
+    return mask
 
 
 class ExactScores:
@@ -347,22 +358,25 @@ def query_outcomes(captions: torch.Tensor, images: torch.Tensor, caption_image: 
         return t2i, i2t
     exact = exact or ExactScores(captions, images, budget, host)
     captions_of = _CaptionsPerImage(owner, n_i)
-    for outcome, undecided, redo, row_places, blocks, positives_of in (
-            (t2i, open_t2i, redo_t2i, row_places_t2i, exact.caption_rows, lambda q: owner[q : q + 1]),
-            (i2t, open_i2t, redo_i2t, row_places_i2t, exact.image_columns, captions_of)):
+    for outcome, undecided, redo, row_places, blocks, positives_of, images in (
+            (t2i, open_t2i, redo_t2i, row_places_t2i, exact.caption_rows, lambda q: owner[q : q + 1], False),
+            (i2t, open_i2t, redo_i2t, row_places_i2t, exact.image_columns, captions_of, True)):
         queries = torch.from_numpy(np.flatnonzero(redo))
         outcome.decided_exactly = len(queries)
         for ids, rows in blocks(queries):
-            for j, k in enumerate(ks):
-                chosen = np.flatnonzero(undecided[ids.numpy(), j])
-                if len(chosen):
-                    at = ids.numpy()[chosen]
-                    outcome.hits[at, j], outcome.tied[at, j] = _decide_block(
-                        rows[chosen], [positives_of(int(q)) for q in at], k, rule, topk_device)
+            asked = ids.numpy()
+            open_ = undecided[asked]
+            if open_.any():
+                positive = _positive_mask(asked, owner.numpy(), rows.shape[1], images=images)
+                for j, k in enumerate(ks):
+                    chosen = np.flatnonzero(open_[:, j])
+                    if len(chosen):
+                        outcome.hits[asked[chosen], j], outcome.tied[asked[chosen], j] = _decide_block(
+                            rows[chosen], positive[chosen], k, rule, topk_device)
             if counter is not None:  # the few places the pass and the tied blocks could not settle
-                on_row = np.flatnonzero(row_places[ids.numpy()])
+                on_row = np.flatnonzero(row_places[asked])
                 if len(on_row):
-                    fill_exact_places(outcome, ids.numpy()[on_row], rows[on_row], positives_of)
+                    fill_exact_places(outcome, asked[on_row], rows[on_row], positives_of)
     return t2i, i2t
 
 
