@@ -155,3 +155,30 @@ def test_several_image_tiles_per_row_give_the_same_counts(width, rule, monkeypat
         for k in ks:
             ref_t2i, ref_i2t = clip_benchmark_recall(images, captions, caption_image, k)
             assert (recall_at_k(t2i.hits[k], t2i.queries), recall_at_k(i2t.hits[k], i2t.queries)) == (ref_t2i, ref_i2t)
+
+
+@pytest.mark.parametrize("rule", ["topk", "stable"])
+def test_exact_row_decisions_equal_a_per_row_brute_force(rule):
+    """The decisions on exact rows, made for a block of queries at once: per row and k, a hit when topk keeps a
+    positive (topk) or the best positive's stable rank is below k (stable); tie-sensitive when a positive ties with
+    the k-th score and the tie straddles the cut-off. Coarse scores (many ties), several positives per row, a row
+    without a positive, k up to the row's width, and a block of one row."""
+    from clipcache.tasks.score.ranking import decide_rows
+
+    rng = np.random.default_rng(5)
+    rows = torch.from_numpy(np.round(rng.normal(size=(40, 12)), 0).astype(np.float32))
+    positive = rng.random((40, 12)) < 0.2
+    positive[0] = False
+    for k in range(1, 13):
+        for block in (slice(None), slice(7, 8)):
+            hits, tied = decide_rows(rows[block].contiguous(), positive[block], k, rule, CPU)
+            for i, row in enumerate(rows[block]):
+                own = np.flatnonzero(positive[block][i])
+                kth = torch.topk(row, k).values[-1]
+                straddles = int((row >= kth).sum()) > k
+                assert tied[i] == (bool((row[own] == kth).any()) and straddles), (k, i)
+                if rule == "topk":
+                    assert hits[i] == bool(np.isin(own, torch.topk(row, k).indices.numpy()).any()), (k, i)
+                else:
+                    order = np.lexsort((np.arange(12), -row.numpy()))  # descending score, then lower index
+                    assert hits[i] == bool(np.isin(order[:k], own).any()), (k, i)

@@ -11,9 +11,9 @@ import torch
 from test_evidence_retrieval import clip_benchmark_hits
 from test_retrieval_pass import tied_data, unit
 
-from clipcache.tasks.score import retrieval_pass, retrieval_queries
+from clipcache.tasks.score import retrieval_pass, retrieval_places, retrieval_queries
 from clipcache.tasks.score.retrieval_pass import ExactScores, query_outcomes
-from clipcache.tasks.score.retrieval_places import exact_entries
+from clipcache.tasks.score.retrieval_places import exact_entries, scored_at_least
 
 
 def brute_force_places(scores: np.ndarray, positives: list[list[int]]):
@@ -71,7 +71,8 @@ def test_tied_data_places_equal_brute_force(seed, budget, entries_from):
 
 def test_a_tied_block_larger_than_the_kept_list_and_k_beyond_the_candidates(entries_from):
     """40 copies of one caption text over 40 images tie at the top of image 0's column (more than the pass keeps):
-    that query goes to its row; the images' ranks among the copies come from the window."""
+    that query's top is ordered on the exact scores of the block (its window holds it), not on its row; the
+    images' ranks among the copies come from the window."""
     rng = np.random.default_rng(11)
     images = unit(rng.normal(size=(48, 12)))
     text = unit(images[:1] + 0.05)
@@ -80,6 +81,9 @@ def test_a_tied_block_larger_than_the_kept_list_and_k_beyond_the_candidates(entr
     caption_image = np.concatenate([np.arange(40), np.arange(48)])
     t2i, i2t = check(images, captions, caption_image, [1, 5, 100])
     assert i2t.hits[:, 2].all()  # k=100 > 88 captions: every image with a caption hits
+    args = (torch.from_numpy(captions), torch.from_numpy(images), torch.from_numpy(caption_image), [1, 5, 100])
+    bare_t2i, bare_i2t = query_outcomes(*args, 1 << 26, places=False)
+    assert (t2i.decided_exactly, i2t.decided_exactly) == (bare_t2i.decided_exactly, bare_i2t.decided_exactly)
 
 
 def test_one_query_and_many_captions_of_one_text(entries_from):
@@ -107,19 +111,26 @@ def captions_with_repeats(seed: int, n_images: int = 300, per_image: int = 5, di
 @pytest.mark.parametrize(("seed", "width", "budget"), [(0, None, 1 << 26), (1, None, 1 << 26), (2, 37, 4 * 37 * 90)])
 def test_repeated_captions_places_equal_brute_force_and_stay_off_the_rows(seed, width, budget, monkeypatch):
     """The places come from the windows: the rows recomputed with places are those the recall decision recomputes
-    anyway (topk's choice) plus the few images whose top block of another image's copies runs past the kept list.
-    With narrow tiles, a window spans several tiles and chunks."""
+    anyway (topk's choice); an image whose top block of another image's copies runs past the kept list is ordered
+    on the block's exact scores, not its row. With narrow tiles, a window spans several tiles and chunks."""
     monkeypatch.setattr(retrieval_pass, "SMALL_MATRIX", 0)
     if width:
         monkeypatch.setattr(retrieval_pass, "TILE_WIDTH", width)
+    blocks = []
+
+    def spy(exact, queries, bound, *, images):
+        blocks.append(len(queries))
+        return scored_at_least(exact, queries, bound, images=images)
+
+    monkeypatch.setattr(retrieval_places, "scored_at_least", spy)
     images, captions, caption_image = captions_with_repeats(seed)
     t2i, i2t = check(images, captions, caption_image, [1, 5, 10], budget)
+    assert sum(blocks) > 0  # some top blocks ran past the kept list and past the windows
     args = (torch.from_numpy(captions), torch.from_numpy(images), torch.from_numpy(caption_image), [1, 5, 10], budget)
     bare_t2i, bare_i2t = query_outcomes(*args, places=False)
     assert (t2i.hits == bare_t2i.hits).all() and (i2t.hits == bare_i2t.hits).all()
     assert t2i.tied.any() and i2t.tied.any()
-    assert t2i.decided_exactly == bare_t2i.decided_exactly
-    assert i2t.decided_exactly - bare_i2t.decided_exactly <= 0.1 * len(images)
+    assert (t2i.decided_exactly, i2t.decided_exactly) == (bare_t2i.decided_exactly, bare_i2t.decided_exactly)
 
 
 @pytest.mark.parametrize("dim", [8, 64, 512])
@@ -190,3 +201,36 @@ def test_queries_counted_from_the_tiles_tops_or_on_the_tile_give_the_same_places
         for name in ("hits", "tied", "positive", "rank", "top"):
             assert np.array_equal(getattr(ours, name), getattr(every, name)), name
         assert np.array_equal(ours.score, every.score, equal_nan=True)
+
+
+@pytest.mark.parametrize("images_asked", [5, 300])
+def test_exact_entries_grouped_by_image_or_by_caption_equal_the_full_product(images_asked, monkeypatch):
+    """Pairs that ask few images (a block of tied captions per image) are computed a block of images at a time,
+    the others a block of captions at a time: both are entries of ``captions @ images.T``, bit for bit; so is a
+    single pair (padded blocks)."""
+    monkeypatch.setattr(retrieval_pass, "SMALL_MATRIX", 0)
+    rng = np.random.default_rng(images_asked)
+    captions, images = unit(rng.normal(size=(700, 64))), unit(rng.normal(size=(300, 64)))
+    captions[::7] = captions[0]  # exact copies of one text
+    exact = ExactScores(torch.from_numpy(captions), torch.from_numpy(images), 1 << 26)
+    full = (torch.from_numpy(captions) @ torch.from_numpy(images).T).numpy()
+    caption, image = rng.integers(0, 700, size=3000), rng.integers(0, images_asked, size=3000)
+    assert np.array_equal(exact_entries(exact, caption, image), full[caption, image])
+    assert np.array_equal(exact_entries(exact, caption[:1], image[:1]), full[caption[:1], image[:1]])
+
+
+@pytest.mark.parametrize("images", [False, True])
+def test_scored_at_least_finds_every_candidate_at_or_above_the_bound(images):
+    """Brute force: every (query, candidate) whose score reaches the query's bound, none other, in blocks of queries
+    (a small budget) and for no query at all."""
+    rng = np.random.default_rng(3)
+    captions, pictures = unit(rng.normal(size=(90, 16))), unit(rng.normal(size=(40, 16)))
+    exact = ExactScores(torch.from_numpy(captions), torch.from_numpy(pictures), 4 * 90 * 17)
+    scores = pictures @ captions.T if images else captions @ pictures.T
+    queries = rng.choice(len(scores), size=25, replace=False)
+    ordered = np.sort(scores[queries], axis=1)
+    bound = ((ordered[:, -7] + ordered[:, -8]) / 2).astype(np.float32)  # 7 candidates each, none near the bound
+    query, candidate = scored_at_least(exact, queries, bound, images=images)
+    expected = {(int(q), int(c)) for q, b in zip(queries, bound, strict=True) for c in np.flatnonzero(scores[q] >= b)}
+    assert set(zip(query.tolist(), candidate.tolist(), strict=True)) == expected and len(query) == 25 * 7
+    assert [len(a) for a in scored_at_least(exact, queries[:0], bound[:0], images=images)] == [0, 0]

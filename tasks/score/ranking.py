@@ -147,3 +147,37 @@ def ranked_positives(
         scores_out.extend(np.split(scores[row_of, cols].astype(np.float64), cuts))
         best[start:stop] = stable_top(scores, best.shape[1])
     return ranks_out, scores_out, best
+
+
+def decide_rows(rows: torch.Tensor, positive: np.ndarray, k: int, rule: str, topk_device: torch.device
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(hit, tie-sensitive) per exact score row (one query per row, on the CPU) at ``k`` under ``rule``: ``topk``,
+    a hit when ``torch.topk(row, k)`` on ``topk_device`` keeps a positive (clip_benchmark's recall@k), or
+    ``stable``, when the best positive's stable rank is below k; tie-sensitive when a positive ties with the k-th
+    score and the tie straddles the cut-off. ``positive``: which entries of the rows are the query's positives (a
+    boolean mask of the rows' shape)."""
+    # one topk call for the block, on the device clip_benchmark ran topk on: its k-th value, and (rule topk) its choice
+    found = torch.topk(rows.to(topk_device), k, dim=1)
+    scores, kth = rows.numpy(), found.values[:, -1:].cpu().numpy()
+    at_kth = scores == kth
+    greater = np.count_nonzero(scores > kth, axis=1)
+    tied = (positive & at_kth).any(axis=1) & (greater + np.count_nonzero(at_kth, axis=1) > k)
+    if rule == "topk":  # a hit: a positive among the kept indices
+        return np.take_along_axis(positive, found.indices.cpu().numpy(), axis=1).any(axis=1).astype(bool), tied
+    # stable: the best positive (highest score, lowest index) ranks first among the positives; its rank is the
+    # scores above it + the equal scores at lower indices
+    best = np.where(positive, scores, -np.inf).max(axis=1, keepdims=True)
+    first = np.argmax(positive & (scores == best), axis=1)
+    before = np.arange(scores.shape[1])[None, :] < first[:, None]
+    rank = np.count_nonzero(scores > best, axis=1) + np.count_nonzero((scores == best) & before, axis=1)
+    return positive.any(axis=1) & (rank < k), tied
+
+
+def positive_mask(queries: np.ndarray, owner: np.ndarray, width: int, *, images: bool) -> np.ndarray:
+    """Which of ``width`` candidates are each query's positives: a caption's own image (text queries), an image's
+    captions (``images``: image queries; ``owner[c]`` the image of caption c)."""
+    if images:
+        return owner[None, :] == queries[:, None]
+    mask = np.zeros((len(queries), width), dtype=bool)
+    mask[np.arange(len(queries)), owner[queries]] = True
+    return mask

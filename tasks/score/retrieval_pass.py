@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from clipcache.tasks.score.ranking import decide_rows, positive_mask
 from clipcache.tasks.score.retrieval_places import settle_both
 from clipcache.tasks.score.retrieval_queries import (
     TOP,
@@ -225,37 +226,6 @@ def _decisions(top: torch.Tensor, positive: torch.Tensor, ks: list[int], n_candi
     return hits.cpu().numpy(), undecided.cpu().numpy()
 
 
-def _decide_block(rows: torch.Tensor, positive: np.ndarray, k: int, rule: str, topk_device: torch.device
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """(hit, tie-sensitive) per exact score row (one query per row, on the CPU) at ``k``; ``positive``: which
-    entries of the rows are the query's positives (a boolean mask of the rows' shape)."""
-    # one topk call for the block, on the device clip_benchmark ran topk on: its k-th value, and (rule topk) its choice
-    found = torch.topk(rows.to(topk_device), k, dim=1)
-    scores, kth = rows.numpy(), found.values[:, -1:].cpu().numpy()
-    at_kth = scores == kth
-    greater = np.count_nonzero(scores > kth, axis=1)
-    tied = (positive & at_kth).any(axis=1) & (greater + np.count_nonzero(at_kth, axis=1) > k)
-    if rule == "topk":  # a hit: a positive among the kept indices
-        return np.take_along_axis(positive, found.indices.cpu().numpy(), axis=1).any(axis=1), tied
-    # stable: the best positive (highest score, lowest index) ranks first among the positives; its rank is the
-    # scores above it + the equal scores at lower indices
-    best = np.where(positive, scores, -np.inf).max(axis=1, keepdims=True)
-    first = np.argmax(positive & (scores == best), axis=1)
-    before = np.arange(scores.shape[1])[None, :] < first[:, None]
-    rank = np.count_nonzero(scores > best, axis=1) + np.count_nonzero((scores == best) & before, axis=1)
-    return positive.any(axis=1) & (rank < k), tied
-
-
-def _positive_mask(queries: np.ndarray, owner: np.ndarray, width: int, *, images: bool) -> np.ndarray:
-    """Which of ``width`` candidates are each query's positives: a caption's own image (text queries), an image's
-    captions (``images``: image queries; ``owner[c]`` the image of caption c)."""
-    if images:
-        return owner[None, :] == queries[:, None]
-    mask = np.zeros((len(queries), width), dtype=bool)
-    mask[np.arange(len(queries)), owner[queries]] = True
-    return mask
-
-
 class ExactScores:
     """Score rows exactly as clip_benchmark computes its matrix: ``texts @ images.T`` in float32 on the CPU.
 
@@ -358,7 +328,7 @@ def query_outcomes(captions: torch.Tensor, images: torch.Tensor, caption_image: 
         return t2i, i2t
     exact = exact or ExactScores(captions, images, budget, host)
     captions_of = _CaptionsPerImage(owner, n_i)
-    for outcome, undecided, redo, row_places, blocks, positives_of, images in (
+    for outcome, undecided, redo, row_places, blocks, positives_of, by_image in (
             (t2i, open_t2i, redo_t2i, row_places_t2i, exact.caption_rows, lambda q: owner[q : q + 1], False),
             (i2t, open_i2t, redo_i2t, row_places_i2t, exact.image_columns, captions_of, True)):
         queries = torch.from_numpy(np.flatnonzero(redo))
@@ -367,11 +337,11 @@ def query_outcomes(captions: torch.Tensor, images: torch.Tensor, caption_image: 
             asked = ids.numpy()
             open_ = undecided[asked]
             if open_.any():
-                positive = _positive_mask(asked, owner.numpy(), rows.shape[1], images=images)
+                positive = positive_mask(asked, owner.numpy(), rows.shape[1], images=by_image)
                 for j, k in enumerate(ks):
                     chosen = np.flatnonzero(open_[:, j])
                     if len(chosen):
-                        outcome.hits[asked[chosen], j], outcome.tied[asked[chosen], j] = _decide_block(
+                        outcome.hits[asked[chosen], j], outcome.tied[asked[chosen], j] = decide_rows(
                             rows[chosen], positive[chosen], k, rule, topk_device)
             if counter is not None:  # the few places the pass and the tied blocks could not settle
                 on_row = np.flatnonzero(row_places[asked])

@@ -32,30 +32,37 @@ if TYPE_CHECKING:
     from clipcache.tasks.score.retrieval_pass import ExactScores, QueryOutcomes, Scanned
 
 PAIR_ROWS = 64  # captions per block of exact entries: the images their pairs ask stay few
+BY_IMAGE = 4  # exact entries grouped by image where the pairs ask this many times fewer images than captions
 
 Entries = Callable[[np.ndarray, np.ndarray], np.ndarray]
+Block = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 def exact_entries(exact: ExactScores, caption: np.ndarray, image: np.ndarray) -> np.ndarray:
     """clip_benchmark's scores at (caption[i], image[i]): blocks of the captions asked (at least MIN_BLOCK) times
-    the images their pairs ask (at least MIN_BLOCK), so the work is the pairs' blocks, never whole rows."""
+    the images their pairs ask (at least MIN_BLOCK), or of the images asked times their pairs' captions where the
+    pairs ask several times fewer images than captions (tied blocks: one image, many captions), so the work is the pairs'
+    blocks, never whole rows. Either way the product is ``captions @ images.T``, as clip_benchmark's."""
     out = np.empty(len(caption), dtype=np.float32)
     if not len(out):
         return out
     if exact.full is not None:
         return exact.full.numpy()[caption, image]
-    order = np.argsort(caption, kind="stable")
-    rows, first = np.unique(caption[order], return_index=True)
+    by_image = BY_IMAGE * len(np.unique(image)) < len(np.unique(caption))
+    keys, others = (image, caption) if by_image else (caption, image)
+    order = np.argsort(keys, kind="stable")
+    rows, first = np.unique(keys[order], return_index=True)
     bounds = np.r_[first, len(order)]
     for lo in range(0, len(rows), PAIR_ROWS):
         hi = min(lo + PAIR_ROWS, len(rows))
         at = order[bounds[lo] : bounds[hi]]
         asked_rows = rows[lo:hi]
-        asked_cols, col = np.unique(image[at], return_inverse=True)
-        left = exact.captions[_padded(asked_rows)].cpu()
-        right = exact.images[_padded(asked_cols)].cpu()
-        block = (left @ right.T).numpy()
-        out[at] = block[np.searchsorted(asked_rows, caption[at]), col]
+        asked_cols, col = np.unique(others[at], return_inverse=True)
+        if by_image:
+            block = (exact.captions[_padded(asked_cols)].cpu() @ exact.images[_padded(asked_rows)].cpu().T).numpy().T
+        else:
+            block = (exact.captions[_padded(asked_rows)].cpu() @ exact.images[_padded(asked_cols)].cpu().T).numpy()
+        out[at] = block[np.searchsorted(asked_rows, keys[at]), col]
     return out
 
 
@@ -64,6 +71,30 @@ def _padded(indices: np.ndarray) -> torch.Tensor:
     if len(indices) < MIN_BLOCK:
         indices = np.r_[indices, np.repeat(indices[:1], MIN_BLOCK - len(indices))]
     return torch.from_numpy(indices)
+
+
+def scored_at_least(exact: ExactScores, queries: np.ndarray, bound: np.ndarray, *, images: bool
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(query, candidate) of every candidate scored at or above its query's ``bound`` (``images``: the queries are
+    images, the candidates captions): the queries' scores from the fastest product there is, NumPy's on the CPU (a
+    bound lies a margin below the score it guards, so any kernel's rounding is covered), a block at a time."""
+    captions, pictures = exact.captions, exact.images
+    candidates = captions if images else pictures
+    step = max(MIN_BLOCK, exact.budget // (4 * max(len(candidates), 1)))
+    found: list[tuple[np.ndarray, np.ndarray]] = []
+    for lo in range(0, len(queries), step):
+        asked, floor = queries[lo : lo + step], bound[lo : lo + step]
+        if candidates.device.type == "cpu":
+            mine = (pictures if images else captions).numpy()[asked]
+            row, column = np.nonzero(mine @ candidates.numpy().T >= floor[:, None])
+        else:
+            mine_t = (pictures if images else captions)[torch.from_numpy(asked).to(candidates.device)]
+            hit = mine_t @ candidates.T >= torch.from_numpy(floor).to(candidates.device)[:, None]
+            row, column = (t.cpu().numpy() for t in torch.nonzero(hit, as_tuple=True))
+        found.append((asked[row], column))
+    if not found:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    return np.concatenate([q for q, _ in found]), np.concatenate([c for _, c in found]).astype(np.int64)
 
 
 def _stable_order(query: np.ndarray, candidate: np.ndarray, score: np.ndarray) -> np.ndarray:
@@ -81,12 +112,13 @@ def settle_both(t2i: QueryOutcomes, i2t: QueryOutcomes, counter: PositionCounter
     rows_t2i = settle_places(
         t2i, counter.places("t2i"), counter.window("t2i"), counter.floor("t2i"), scanned.pos_t2i, scanned.top_t2i,
         ids=scanned.ids_t2i, positive=owner.copy(), is_positive=lambda q, c: owner[q] == c,
-        entries=lambda q, c: exact_entries(exact, q, c), n_candidates=n_i, eps=eps)
+        entries=lambda q, c: exact_entries(exact, q, c), n_candidates=n_i, eps=eps,
+        block=lambda q, b: scored_at_least(exact, q, b, images=False))
     rows_i2t = settle_places(
         i2t, counter.places("i2t"), counter.window("i2t"), counter.floor("i2t"), scanned.pos_i2t, scanned.top_i2t,
         ids=scanned.ids_i2t, positive=best_caption(counter.estimate_t2i, caption_image, n_i),
         is_positive=lambda q, c: owner[c] == q, entries=lambda q, c: exact_entries(exact, c, q), n_candidates=n_c,
-        eps=eps)
+        eps=eps, block=lambda q, b: scored_at_least(exact, q, b, images=True))
     return rows_t2i, rows_i2t
 
 
@@ -94,12 +126,13 @@ def settle_places(outcome: QueryOutcomes, places: tuple[torch.Tensor, torch.Tens
                   window: tuple[np.ndarray, np.ndarray], floor: np.ndarray, score: torch.Tensor, top: torch.Tensor,
                   *, ids: torch.Tensor, positive: np.ndarray,
                   is_positive: Callable[[np.ndarray, np.ndarray], np.ndarray], entries: Entries, n_candidates: int,
-                  eps: float) -> np.ndarray:
+                  eps: float, block: Block | None = None) -> np.ndarray:
     """Fill ``outcome``'s places: from the pass's counts (``places``: PositionCounter.places), ``window`` (its
     (query, candidate) entries, sorted by query) and ``floor`` (each window's lower end), the best positive's pass
     score, the sorted top scores and their candidates; ``entries(query, candidate)`` gives exact scores,
-    ``is_positive(query, candidate)`` says which entries are positives. Returns which queries must be placed on
-    their exact rows."""
+    ``is_positive(query, candidate)`` says which entries are positives; ``block(queries, bounds)`` (optional)
+    gives every candidate of each query scored at or above its bound, in any kernel. Returns which queries must be
+    placed on their exact rows."""
     above_plus_one, counted = (t.cpu().numpy() for t in places)
     has = positive >= 0
     outcome.positive = positive.copy()
@@ -110,7 +143,7 @@ def settle_places(outcome: QueryOutcomes, places: tuple[torch.Tensor, torch.Tens
     # the windows and the kept list hold every candidate of a top block that starts within the positive's window
     window_holds = has & (above_plus_one - 1 < top.shape[1])
     need_row |= _settle_top(outcome, top.cpu().numpy(), ids.cpu().numpy(), (window, floor, window_holds, positive),
-                            entries, n_candidates=n_candidates, eps=eps)
+                            entries, n_candidates=n_candidates, eps=eps, block=block)
     return need_row
 
 
@@ -138,10 +171,12 @@ def _settle_ranks(outcome: QueryOutcomes, open_: np.ndarray, window: tuple[np.nd
 
 def _settle_top(outcome: QueryOutcomes, top: np.ndarray, ids: np.ndarray,
                 windows: tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray, np.ndarray], entries: Entries,
-                *, n_candidates: int, eps: float) -> np.ndarray:
+                *, n_candidates: int, eps: float, block: Block | None = None) -> np.ndarray:
     """The exact top places where two of the first places (or the last and the next) lie within the margin: among
     the candidates within the margin of the last place, taken from the kept list, or, when the tied block runs past
-    it, from the kept list plus the best positive's window where that window reaches below the block."""
+    it, from the kept list plus the best positive's window where that window reaches below the block, or else
+    from ``block``: every candidate scored within the margin of the last place (the block of ties, whatever its
+    size), found on the query's scores; without ``block`` those queries are placed on their exact rows."""
     assert outcome.top is not None
     (window_query, window_candidate), floor, window_holds, positive = windows
     n_top, width = outcome.top.shape[1], top.shape[1]
@@ -156,15 +191,20 @@ def _settle_top(outcome: QueryOutcomes, top: np.ndarray, ids: np.ndarray,
     within = top >= bound[:, None]
     beyond_kept = within[:, -1] & (width < n_candidates)  # the block of ties may go on past the kept list
     from_window = ~settled & beyond_kept & window_holds & (bound >= floor)
-    need_row[~settled & beyond_kept & ~from_window] = True
-    asked = np.flatnonzero(~settled & (~beyond_kept | from_window))
+    overflow = ~settled & beyond_kept & ~from_window
+    if block is None:
+        need_row[overflow] = True
+        overflow[:] = False
+    asked = np.flatnonzero(~settled & (~beyond_kept | from_window | overflow))
     if not len(asked):
         return need_row
     row, col = np.nonzero(within[asked])
     extra = from_window[window_query]
-    wanted = np.flatnonzero(from_window)
-    query = np.concatenate([asked[row], window_query[extra], wanted])
-    candidate = np.concatenate([ids[asked[row], col], window_candidate[extra], positive[wanted]])
+    wanted, blocked = np.flatnonzero(from_window), np.flatnonzero(overflow)
+    block_query, block_candidate = block(blocked, bound[blocked]) if block is not None and len(blocked) else \
+        (blocked, blocked)
+    query = np.concatenate([asked[row], window_query[extra], wanted, block_query])
+    candidate = np.concatenate([ids[asked[row], col], window_candidate[extra], positive[wanted], block_candidate])
     key = np.unique(query * n_candidates + candidate)
     query, candidate = key // n_candidates, key % n_candidates
     score = entries(query, candidate)
