@@ -264,7 +264,7 @@ class ExactScores:
                 block = self.full[group]
             else:
                 asked = self.captions[self._padded(group).to(self.captions.device)].cpu()
-                block = torch.cat([asked @ images.T for images in self._host_blocks(self.images)], dim=1)
+                block = _joined([asked @ images.T for images in self._host_blocks(self.images)], dim=1)
             yield group, block[: len(group)]
 
     def image_columns(self, queries: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -274,7 +274,7 @@ class ExactScores:
                 block = self.full[:, group].T
             else:
                 asked = self.images[self._padded(group).to(self.images.device)].cpu()
-                block = torch.cat([captions @ asked.T for captions in self._host_blocks(self.captions)], dim=0).T
+                block = _joined([captions @ asked.T for captions in self._host_blocks(self.captions)], dim=0).T
             yield group, block[: len(group)]
 
 
@@ -340,14 +340,20 @@ def query_outcomes(captions: torch.Tensor, images: torch.Tensor, caption_image: 
                 positive = positive_mask(asked, owner.numpy(), rows.shape[1], images=by_image)
                 for j, k in enumerate(ks):
                     chosen = np.flatnonzero(open_[:, j])
-                    if len(chosen):
+                    if len(chosen):  # every row of a contiguous block: no copy
+                        every = len(chosen) == len(rows) and rows.is_contiguous()
                         outcome.hits[asked[chosen], j], outcome.tied[asked[chosen], j] = decide_rows(
-                            rows[chosen], positive[chosen], k, rule, topk_device)
+                            rows if every else rows[chosen], positive if every else positive[chosen], k, rule,
+                            topk_device)
             if counter is not None:  # the few places the pass and the tied blocks could not settle
                 on_row = np.flatnonzero(row_places[asked])
                 if len(on_row):
                     fill_exact_places(outcome, asked[on_row], rows[on_row], positives_of)
     return t2i, i2t
+
+
+def _joined(blocks: list[torch.Tensor], dim: int) -> torch.Tensor:
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=dim)
 
 
 class _CaptionsPerImage:

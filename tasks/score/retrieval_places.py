@@ -76,21 +76,16 @@ def _padded(indices: np.ndarray) -> torch.Tensor:
 def scored_at_least(exact: ExactScores, queries: np.ndarray, bound: np.ndarray, *, images: bool
                     ) -> tuple[np.ndarray, np.ndarray]:
     """(query, candidate) of every candidate scored at or above its query's ``bound`` (``images``: the queries are
-    images, the candidates captions): the queries' scores from the fastest product there is, NumPy's on the CPU (a
-    bound lies a margin below the score it guards, so any kernel's rounding is covered), a block at a time."""
-    captions, pictures = exact.captions, exact.images
-    candidates = captions if images else pictures
+    images, the candidates captions): the queries' scores from torch's product with the query side first (a bound
+    lies a margin below the score it guards, so any kernel's rounding is covered), a block of queries at a time."""
+    mine, candidates = (exact.images, exact.captions) if images else (exact.captions, exact.images)
     step = max(MIN_BLOCK, exact.budget // (4 * max(len(candidates), 1)))
     found: list[tuple[np.ndarray, np.ndarray]] = []
     for lo in range(0, len(queries), step):
         asked, floor = queries[lo : lo + step], bound[lo : lo + step]
-        if candidates.device.type == "cpu":
-            mine = (pictures if images else captions).numpy()[asked]
-            row, column = np.nonzero(mine @ candidates.numpy().T >= floor[:, None])
-        else:
-            mine_t = (pictures if images else captions)[torch.from_numpy(asked).to(candidates.device)]
-            hit = mine_t @ candidates.T >= torch.from_numpy(floor).to(candidates.device)[:, None]
-            row, column = (t.cpu().numpy() for t in torch.nonzero(hit, as_tuple=True))
+        at = torch.from_numpy(asked).to(candidates.device)
+        hit = mine[at] @ candidates.T >= torch.from_numpy(floor).to(candidates.device)[:, None]
+        row, column = (t.cpu().numpy() for t in torch.nonzero(hit, as_tuple=True))
         found.append((asked[row], column))
     if not found:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
