@@ -183,8 +183,10 @@ class PositionCounter:
         col_at_least = np.zeros(len(col_hi), dtype=np.int64)
         window_t2i: list[WindowEntries] = []
         window_i2t: list[WindowEntries] = []
-        row_mask = np.empty((min(CHUNK_ROWS, stop - start), i1 - i0), dtype=bool)
-        col_mask = np.empty((min(CHUNK_ROWS, stop - start), len(col_hi)), dtype=bool)
+        # (above the window, at or above its lower end) masks: the window is where they differ (the first lies
+        # within the second), so its entries come from the masks, not from comparing the scores again
+        row_masks = np.empty((2, min(CHUNK_ROWS, stop - start), i1 - i0), dtype=bool)
+        col_masks = np.empty((2, min(CHUNK_ROWS, stop - start), len(col_hi)), dtype=bool)
         for lo in range(start, stop, CHUNK_ROWS):
             chunk = x[lo : min(lo + CHUNK_ROWS, stop)]
             # sums over the bytes of the mask in uint16 (a row holds at most TILE_WIDTH + MIN_BLOCK < 65,536
@@ -193,32 +195,32 @@ class PositionCounter:
             if len(picked):
                 part = chunk if len(picked) == len(chunk) else chunk[picked]
                 at = c0 + lo + picked
-                m = row_mask[: len(part)]
-                np.greater(part, row_hi[at, None], out=m)
-                row_above = np.add.reduce(m.view(np.uint8), axis=1, dtype=np.uint16).astype(np.int64)
-                np.greater_equal(part, row_lo[at, None], out=m)
-                row_at_least = np.add.reduce(m.view(np.uint8), axis=1, dtype=np.uint16).astype(np.int64)
+                over, reach = row_masks[0, : len(part)], row_masks[1, : len(part)]
+                np.greater(part, row_hi[at, None], out=over)
+                row_above = np.add.reduce(over.view(np.uint8), axis=1, dtype=np.uint16).astype(np.int64)
+                np.greater_equal(part, row_lo[at, None], out=reach)
+                row_at_least = np.add.reduce(reach.view(np.uint8), axis=1, dtype=np.uint16).astype(np.int64)
                 above[at] += row_above
                 at_least[at] += row_at_least
                 # a caption's own image lies in its window (in the tile that holds it): only more than that is kept
                 own = (owner[at] >= i0) & (owner[at] < i1)
                 wide = np.flatnonzero(row_at_least - row_above > own)
                 if len(wide):
-                    r, c = _within(part[wide], row_lo[at[wide], None], row_hi[at[wide], None])
+                    r, c = np.nonzero(reach[wide] ^ over[wide])
                     window_t2i.append((at[wide[r]], i0 + c))
             if not len(col_hi):
                 continue
             part = chunk if deep_columns is None else chunk[:, deep_columns]
-            m = col_mask[: len(part)]
-            np.greater(part, col_hi, out=m)
-            chunk_above = np.add.reduce(m.view(np.uint8), axis=0, dtype=np.uint16)
-            np.greater_equal(part, col_lo, out=m)
-            chunk_at_least = np.add.reduce(m.view(np.uint8), axis=0, dtype=np.uint16)
+            over, reach = col_masks[0, : len(part)], col_masks[1, : len(part)]
+            np.greater(part, col_hi, out=over)
+            chunk_above = np.add.reduce(over.view(np.uint8), axis=0, dtype=np.uint16)
+            np.greater_equal(part, col_lo, out=reach)
+            chunk_at_least = np.add.reduce(reach.view(np.uint8), axis=0, dtype=np.uint16)
             col_above += chunk_above
             col_at_least += chunk_at_least
             wide = np.flatnonzero(chunk_at_least != chunk_above)
             if len(wide):
-                r, c = _within(part[:, wide], col_lo[wide], col_hi[wide])
+                r, c = np.nonzero(reach[:, wide] ^ over[:, wide])
                 column = wide[c] if deep_columns is None else deep_columns[wide[c]]
                 window_i2t.append((i0 + column, c0 + lo + r))
         return col_above, col_at_least, window_t2i, window_i2t
@@ -259,12 +261,6 @@ class PositionCounter:
     def floor(self, direction: str) -> np.ndarray:
         """The lower end of each query's window (its best positive's estimated score less the margin)."""
         return self._bounds[direction][1].cpu().numpy()
-
-
-def _within(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(row, column) of the elements of ``x`` in [lo, hi] (bounds broadcast against ``x``)."""
-    row, column = np.nonzero((x >= lo) & (x <= hi))
-    return row, column
 
 
 def best_caption(estimate: torch.Tensor, caption_image: torch.Tensor, n_images: int) -> np.ndarray:
