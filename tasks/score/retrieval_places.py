@@ -41,8 +41,8 @@ Block = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 def exact_entries(exact: ExactScores, caption: np.ndarray, image: np.ndarray) -> np.ndarray:
     """clip_benchmark's scores at (caption[i], image[i]): blocks of the captions asked (at least MIN_BLOCK) times
     the images their pairs ask (at least MIN_BLOCK), or of the images asked times their pairs' captions where the
-    pairs ask several times fewer images than captions (tied blocks: one image, many captions), so the work is the pairs'
-    blocks, never whole rows. Either way the product is ``captions @ images.T``, as clip_benchmark's."""
+    pairs ask several times fewer images than captions (tied blocks: one image, many captions), so the work is the
+    pairs' blocks, never whole rows. Either way the product is ``captions @ images.T``, as clip_benchmark's."""
     out = np.empty(len(caption), dtype=np.float32)
     if not len(out):
         return out
@@ -50,27 +50,34 @@ def exact_entries(exact: ExactScores, caption: np.ndarray, image: np.ndarray) ->
         return exact.full.numpy()[caption, image]
     by_image = BY_IMAGE * len(np.unique(image)) < len(np.unique(caption))
     keys, others = (image, caption) if by_image else (caption, image)
-    order = np.argsort(keys, kind="stable")
-    rows, first = np.unique(keys[order], return_index=True)
-    bounds = np.r_[first, len(order)]
-    for lo in range(0, len(rows), PAIR_ROWS):
-        hi = min(lo + PAIR_ROWS, len(rows))
-        at = order[bounds[lo] : bounds[hi]]
-        asked_rows = rows[lo:hi]
-        asked_cols, col = np.unique(others[at], return_inverse=True)
+    rows, row = np.unique(keys, return_inverse=True)  # the rows asked, and each pair's among them
+    block = row.ravel() // PAIR_ROWS
+    # each block's columns: the others its pairs ask, found for every block at once (sorted by block, then index)
+    span = int(others.max()) + 1
+    asked, col = np.unique(block * span + others, return_inverse=True)
+    col = col.ravel()
+    starts = np.searchsorted(asked // span, np.arange(block.max() + 2))
+    order = np.argsort(block, kind="stable")
+    ends = np.searchsorted(block[order], np.arange(block.max() + 2))
+    for b in range(len(starts) - 1):
+        at = order[ends[b] : ends[b + 1]]
+        asked_rows, asked_cols = rows[b * PAIR_ROWS : (b + 1) * PAIR_ROWS], asked[starts[b] : starts[b + 1]] % span
         if by_image:
-            block = (exact.captions[_padded(asked_cols)].cpu() @ exact.images[_padded(asked_rows)].cpu().T).numpy().T
+            scores = (_host_rows(exact.captions, asked_cols) @ _host_rows(exact.images, asked_rows).T).numpy().T
         else:
-            block = (exact.captions[_padded(asked_rows)].cpu() @ exact.images[_padded(asked_cols)].cpu().T).numpy()
-        out[at] = block[np.searchsorted(asked_rows, keys[at]), col]
+            scores = (_host_rows(exact.captions, asked_rows) @ _host_rows(exact.images, asked_cols).T).numpy()
+        out[at] = scores[row.ravel()[at] - b * PAIR_ROWS, col[at] - starts[b]]
     return out
 
 
-def _padded(indices: np.ndarray) -> torch.Tensor:
-    """At least MIN_BLOCK indices (the first repeated): the product's kernel is then the full product's."""
+def _host_rows(embeddings: torch.Tensor, indices: np.ndarray) -> torch.Tensor:
+    """Rows ``indices`` of ``embeddings`` in host memory, at least MIN_BLOCK of them (the first repeated): the
+    product's kernel is then the full product's. On the CPU NumPy's gather (several times faster than torch's)."""
     if len(indices) < MIN_BLOCK:
         indices = np.r_[indices, np.repeat(indices[:1], MIN_BLOCK - len(indices))]
-    return torch.from_numpy(indices)
+    if embeddings.device.type == "cpu":
+        return torch.from_numpy(np.take(embeddings.numpy(), indices, axis=0))
+    return embeddings[torch.from_numpy(indices).to(embeddings.device)].cpu()
 
 
 def scored_at_least(exact: ExactScores, queries: np.ndarray, bound: np.ndarray, *, images: bool
