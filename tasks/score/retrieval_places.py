@@ -13,8 +13,11 @@ that lie within the margin of the 3rd, when the kept list holds all of them. Exa
 clip_benchmark's matrix (``texts @ images.T``, torch float32 on the CPU) computed in blocks of at least 16 rows and
 16 columns, whose kernel (and rounding) is the full product's.
 
-A query whose block of ties at the top is larger than the kept list, or whose window lacks a positive (nothing
-the margins allow), is placed on its exact row instead (retrieval_queries.fill_exact_places): few queries.
+A query whose block of ties at the top is larger than the kept list (and not held by its window) gets every
+candidate scored within the margin of its 3rd place from its scores on torch's product (:func:`scored_at_least`;
+any kernel will do for that bound), and only those are scored exactly and ordered: the exact work is the block's,
+not the row's. A query whose window lacks a positive (nothing the margins allow) is placed on its exact row
+(retrieval_queries.fill_exact_places).
 """
 
 from __future__ import annotations
