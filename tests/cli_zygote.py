@@ -16,6 +16,7 @@ it and reports the exit status.
 
     zygote = Zygote()                       # ~8 s, once
     done = zygote.run(["eval", ...], cwd, env, timeout=300)   # a subprocess.CompletedProcess
+    child = zygote.start([...], cwd, env, script=path)        # `python path ...`, not waited for (pid, poll, kill)
     zygote.close()
 """
 
@@ -50,25 +51,26 @@ class Zygote:
     def run(self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float,
             fsize: int | None = None) -> subprocess.CompletedProcess:
         """``fsize``: a file-size limit (RLIMIT_FSIZE, bytes) set in the CLI process, as a ``preexec_fn`` would."""
+        child = self.start(argv, cwd, env, fsize=fsize)
+        try:
+            out, err = child.communicate(timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            raise subprocess.TimeoutExpired(["clipcache", *argv], timeout) from None
+        return subprocess.CompletedProcess(["clipcache", *argv], child.returncode, out, err)
+
+    def start(self, argv: list[str], cwd: Path, env: dict[str, str], *, fsize: int | None = None,
+              script: Path | None = None) -> Child:
+        """The CLI (or ``python SCRIPT ARGV...`` when ``script`` is given) started and not waited for: a handle
+        like ``subprocess.Popen``'s (pid, poll, wait, send_signal, communicate)."""
         name = uuid.uuid4().hex
         out, err = Path(self._dir.name) / f"{name}.out", Path(self._dir.name) / f"{name}.err"
-        request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err), "fsize": fsize}
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.connect(self._address)
-            conn.sendall(json.dumps(request).encode() + b"\n")
-            conn.settimeout(timeout)
-            lines = conn.makefile("r")
-            pid = int(json.loads(lines.readline())["pid"])
-            try:
-                answer = lines.readline()
-            except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
-                raise subprocess.TimeoutExpired(["clipcache", *argv], timeout) from None
-        returncode = int(json.loads(answer)["returncode"])
-        texts = [p.read_text(errors="replace") if p.exists() else "" for p in (out, err)]
-        for p in (out, err):
-            p.unlink(missing_ok=True)
-        return subprocess.CompletedProcess(["clipcache", *argv], returncode, texts[0], texts[1])
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err), "fsize": fsize,
+                   "script": str(script) if script is not None else None}
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(self._address)
+        conn.sendall(json.dumps(request).encode() + b"\n")
+        return Child(conn, out, err)
 
     def close(self) -> None:
         if self._proc.poll() is None:
@@ -77,6 +79,51 @@ class Zygote:
         if self._proc.stdout is not None:
             self._proc.stdout.close()
         self._dir.cleanup()
+
+
+class Child:
+    """A process forked by the zygote: its pid, and its exit status once the zygote's waiter reports it (read by a
+    thread of this process, so that ``poll`` never blocks)."""
+
+    def __init__(self, conn: socket.socket, out: Path, err: Path) -> None:
+        self._conn, self._out, self._err = conn, out, err
+        self._lines = conn.makefile("r")
+        self.pid = int(json.loads(self._lines.readline())["pid"])
+        self.returncode: int | None = None
+        self._reader = threading.Thread(target=self._read_status, daemon=True)
+        self._reader.start()
+
+    def _read_status(self) -> None:
+        try:
+            answer = self._lines.readline()
+            self.returncode = int(json.loads(answer)["returncode"]) if answer else -1  # the waiter died unreported
+        finally:
+            self._lines.close()
+            self._conn.close()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._reader.join(timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Waits, then the process's whole stdout and stderr (like ``Popen.communicate``)."""
+        self.wait(timeout)
+        texts = [p.read_text(errors="replace") if p.exists() else "" for p in (self._out, self._err)]
+        for p in (self._out, self._err):
+            p.unlink(missing_ok=True)
+        return texts[0], texts[1]
 
 
 # --- the zygote process ---------------------------------------------------------------------------------------
@@ -96,10 +143,17 @@ def _cli(request: dict) -> int:
             import resource
 
             resource.setrlimit(resource.RLIMIT_FSIZE, (request["fsize"], request["fsize"]))
-        sys.argv = ["clipcache", *request["argv"]]
-        from clipcache.flows.cli import main
+        if request.get("script"):  # python SCRIPT ARGV...
+            import runpy
 
-        code = main(request["argv"])
+            sys.argv = [request["script"], *request["argv"]]
+            runpy.run_path(request["script"], run_name="__main__")
+            code = 0
+        else:
+            sys.argv = ["clipcache", *request["argv"]]
+            from clipcache.flows.cli import main
+
+            code = main(request["argv"])
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:  # what the interpreter would print before exiting 1

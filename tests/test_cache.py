@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from clipcache.tasks.models.resolve import resolve_model
 from clipcache.tasks.models.spec import ModelSpec
 from clipcache.tasks.progress import StageProgress
 
+from cli_zygote import Zygote
 from conftest import write_wds
 
 WORKER = Path(__file__).with_name("encode_worker.py")
@@ -138,19 +137,37 @@ def test_every_key_field_changes_the_image_key(tmp_path, tiny_model_dir):
 
 
 CHUNK_ROWS = 512  # the workers' chunk setting: small, so a kill lands after a committed chunk within seconds
+N, BATCH = 2_000, 48  # 48 does not divide the 512-row chunk: resumption must realign batches
 
 
-def run_worker(cache, n, batch_size, **popen):
-    env = {**os.environ, "CLIPCACHE_CHUNK_ROWS": str(CHUNK_ROWS), **popen.pop("env", {})}
-    return subprocess.Popen([sys.executable, str(WORKER), str(cache), str(n), str(batch_size)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **popen)
+@pytest.fixture(scope="module")
+def zygote():
+    """The workers are forked from a process that imported torch and open_clip once (tests/cli_zygote.py): each is
+    still a process of its own that a SIGKILL ends, without ~5 s of imports per start."""
+    z = Zygote()
+    yield z
+    z.close()
+
+
+def run_worker(zygote, cache, n, batch_size, env=None):
+    env = {**os.environ, "CLIPCACHE_CHUNK_ROWS": str(CHUNK_ROWS), **(env or {})}
+    return zygote.start([str(cache), str(n), str(batch_size)], Path.cwd(), env, script=WORKER)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(zygote, tmp_path_factory):
+    """N shapes encoded in one go (512-row chunks): the entry both kill tests must equal bit for bit."""
+    cache = tmp_path_factory.mktemp("uninterrupted") / "cache"
+    out, err = run_worker(zygote, cache, N, BATCH).communicate(timeout=300)
+    assert out, err[-2000:]
+    key = out.split()[0]
+    return key, EmbeddingStore(cache).open(key)
 
 
 @pytest.mark.slow
-def test_sigkill_mid_encode_resumes_from_the_last_chunk_bit_identical(tmp_path):
-    n, batch = 2_000, 48  # 48 does not divide the 512-row chunk: resumption must realign batches
+def test_sigkill_mid_encode_resumes_from_the_last_chunk_bit_identical(zygote, uninterrupted, tmp_path):
     cache = tmp_path / "killed"
-    proc = run_worker(cache, n, batch)
+    proc = run_worker(zygote, cache, N, BATCH)
     progress_files = lambda: list((cache / "embeddings").glob("*.partial.zarr/progress.json"))  # noqa: E731
     deadline = time.monotonic() + 240
     committed = 0
@@ -164,33 +181,32 @@ def test_sigkill_mid_encode_resumes_from_the_last_chunk_bit_identical(tmp_path):
             proc.send_signal(signal.SIGKILL)
             break
         time.sleep(0.05)
-    proc.wait()
+    proc.wait(300)
     assert proc.returncode == -signal.SIGKILL, "the encode finished before it could be killed"
     store = EmbeddingStore(cache)
     assert store.keys() == [] and store.partial_keys()  # the half-written entry is not readable as complete
     committed_seals = json.loads(progress_files()[0].read_text())["seals"]
     assert {"embeddings", "norms", "position"} <= set(committed_seals)  # the norms commit with their rows
-    resumed = run_worker(cache, n, batch)
-    key, was_resumed, encoded = resumed.communicate(timeout=300)[0].split()
-    assert was_resumed == "True" and int(encoded) <= n - CHUNK_ROWS
-    clean = run_worker(tmp_path / "clean", n, batch)
-    clean_key = clean.communicate(timeout=300)[0].split()[0]
+    key, was_resumed, encoded = run_worker(zygote, cache, N, BATCH).communicate(timeout=300)[0].split()
+    assert was_resumed == "True" and int(encoded) <= N - CHUNK_ROWS
+    clean_key, uninterrupted_entry = uninterrupted
     assert clean_key == key
-    entry, uninterrupted = store.open(key), EmbeddingStore(tmp_path / "clean").open(key)
+    entry = store.open(key)
     # every array, the rows' norms and positions too, and every chunk's seal: bit-identical to the uninterrupted run
-    assert {"embeddings", "norms", "position"} <= set(entry.array_names()) == set(uninterrupted.array_names())
+    assert {"embeddings", "norms", "position"} <= set(entry.array_names()) == set(uninterrupted_entry.array_names())
     for name in entry.array_names():
-        np.testing.assert_array_equal(entry.array(name), uninterrupted.array(name))
-    assert entry.attrs["chunk_seals"] == uninterrupted.attrs["chunk_seals"]
+        np.testing.assert_array_equal(entry.array(name), uninterrupted_entry.array(name))
+    assert entry.attrs["chunk_seals"] == uninterrupted_entry.attrs["chunk_seals"]
 
 
 @pytest.mark.slow
-def test_a_kill_loses_at_most_commit_seconds_of_work_even_inside_one_chunk(tmp_path):
+def test_a_kill_loses_at_most_commit_seconds_of_work_even_inside_one_chunk(zygote, uninterrupted, tmp_path):
     """Rows commit by time as well as by chunk: with 4,096-row chunks, 2,000 rows never fill one, yet a kill after
-    a second of encoding keeps what was committed, and the resumed entry is bit-identical with full-size chunks."""
-    n, batch, env = 2_000, 32, {"CLIPCACHE_CHUNK_ROWS": "4096", "CLIPCACHE_COMMIT_SECONDS": "1"}
+    a second of encoding keeps what was committed, and the resumed entry is bit-identical with full-size chunks
+    (its rows equal the uninterrupted run's, which was written in 512-row chunks)."""
+    env = {"CLIPCACHE_CHUNK_ROWS": "4096", "CLIPCACHE_COMMIT_SECONDS": "1"}
     cache = tmp_path / "killed"
-    proc = run_worker(cache, n, batch, env=env)
+    proc = run_worker(zygote, cache, N, BATCH, env=env)
     deadline, committed = time.monotonic() + 240, 0
     while time.monotonic() < deadline and proc.poll() is None:
         for f in (cache / "embeddings").glob("*.partial.zarr/progress.json") if (cache / "embeddings").exists() else []:
@@ -202,26 +218,26 @@ def test_a_kill_loses_at_most_commit_seconds_of_work_even_inside_one_chunk(tmp_p
             proc.send_signal(signal.SIGKILL)
             break
         time.sleep(0.05)
-    proc.wait()
+    proc.wait(300)
     assert proc.returncode == -signal.SIGKILL and 0 < committed < 4096, (proc.returncode, committed)
-    key, was_resumed, encoded = run_worker(cache, n, batch, env=env).communicate(timeout=300)[0].split()
-    assert was_resumed == "True" and int(encoded) <= n - committed
-    clean_key = run_worker(tmp_path / "clean", n, batch, env=env).communicate(timeout=300)[0].split()[0]
+    key, was_resumed, encoded = run_worker(zygote, cache, N, BATCH, env=env).communicate(timeout=300)[0].split()
+    assert was_resumed == "True" and int(encoded) <= N - committed
+    clean_key, clean = uninterrupted
     assert clean_key == key
-    resumed, clean = EmbeddingStore(cache).open(key), EmbeddingStore(tmp_path / "clean").open(key)
+    resumed = EmbeddingStore(cache).open(key)
     np.testing.assert_array_equal(resumed.embeddings(), clean.embeddings())
-    assert resumed._group["embeddings"].chunks[0] == min(4096, n)  # reads still go by whole chunks, not commits
+    assert resumed._group["embeddings"].chunks[0] == min(4096, N)  # reads still go by whole chunks, not commits
     assert EmbeddingStore(cache).verify(key) == []
 
 
 @pytest.mark.slow
-def test_two_processes_encoding_the_same_key(tmp_path):
+def test_two_processes_encoding_the_same_key(zygote, tmp_path):
     cache = tmp_path / "shared"
-    procs = [run_worker(cache, 3000, 64) for _ in range(2)]
+    procs = [run_worker(zygote, cache, N, 64) for _ in range(2)]  # forked at once: both start encoding together
     outs = [p.communicate(timeout=300)[0].split() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert outs[0][0] == outs[1][0]
-    assert sorted(int(o[2]) for o in outs) == [0, 3000]  # one encoded, the other waited and reused it
+    assert sorted(int(o[2]) for o in outs) == [0, N]  # one encoded, the other waited and reused it
     store = EmbeddingStore(cache)
     assert store.keys() == [outs[0][0]] and not store.partial_keys()
     assert store.verify(outs[0][0]) == []
