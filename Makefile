@@ -28,8 +28,9 @@ demo: $(STAMP)
 
 # One pytest worker per core this process may run on (nproc: the CPU affinity, as a container's cpuset sets it), each
 # running torch on one thread (tests/conftest.py); a test file stays on one worker (--dist loadfile), so its module
-# fixtures are built once. PYTEST_PARALLEL= runs in one process.
-PYTEST_PARALLEL ?= -n $(shell nproc 2>/dev/null || echo 2) --dist loadfile
+# fixtures are built once; files are handed out in tests/conftest.py's order, heaviest first (--no-loadscope-reorder).
+# PYTEST_PARALLEL= runs in one process.
+PYTEST_PARALLEL ?= -n $(shell nproc 2>/dev/null || echo 2) --dist loadfile --no-loadscope-reorder
 
 test: lint
 	$(VENV)/bin/python -m pytest $(PYTEST_PARALLEL)

@@ -177,12 +177,35 @@ FULL_TIER_FIXTURES = {"prefect_server", "s3_endpoint", "bucket", "hub", "vlm", "
 FULL_TIER_MODULES = {"test_deployments", "test_scaleout", "test_remote_storage", "test_artifacts", "test_packaging"}
 
 
+# `make test` hands whole files to its pytest workers (--dist loadfile) in the order collected here, and its
+# --no-loadscope-reorder keeps that order: these files first, heaviest first (the slowest files of a full run with
+# --durations, where each one's tests and module fixtures take 30 s to a few minutes), then the rest by number of
+# tests, most first, as xdist orders them itself. Otherwise xdist's own order (by number of tests) leaves these
+# files, which hold few tests, for the end, where one of them can keep a worker busy alone while the other is idle.
+# Longest first, the run ends on small files and the workers finish together. A file missing here only runs later.
+HEAVY_FILES_FIRST = ("test_faults", "test_wheel", "test_deployments", "test_launch", "test_scaleout", "test_cache",
+                     "test_faults_prefect", "test_suite_reports", "test_remote_storage", "test_plugins",
+                     "test_captioning", "test_experiments", "test_original_layouts", "test_bundled_model",
+                     "test_compare", "test_group_marts")
+
+
+def _module_name(item) -> str:
+    return item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if (fixtures & FULL_TIER_FIXTURES or item.get_closest_marker("slow") is not None
                 or item.module.__name__.rsplit(".", 1)[-1] in FULL_TIER_MODULES):
             item.add_marker(pytest.mark.full)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the order the controller schedules files in
+        sizes: dict[str, int] = {}
+        for item in items:
+            sizes[_module_name(item)] = sizes.get(_module_name(item), 0) + 1
+        rank = {name: i for i, name in enumerate(HEAVY_FILES_FIRST)}
+        items.sort(key=lambda item: (rank.get(_module_name(item), len(rank)), -sizes[_module_name(item)],
+                                     _module_name(item)))  # stable: a file's tests keep their order
 
 
 @pytest.fixture(scope="session")
