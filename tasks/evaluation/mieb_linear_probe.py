@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import Field, PositiveInt
 
 from clipcache.tasks.contract import SampleUnit, TaskOptions
-from clipcache.tasks.evaluation.base import Encoded, EncodeSettings, MetricInfo, Prepared, Scored, ScoreSettings
+from clipcache.tasks.evaluation.base import Encoded, EncodeSettings, Prepared, Scored, ScoreSettings
 from clipcache.tasks.evaluation.common import sample_keys
 from clipcache.tasks.evaluation.linear_probe import LinearProbe
-from clipcache.tasks.evaluation.probes import ProbeTask
+from clipcache.tasks.evaluation.probes import ProbeTask, experiment_metrics
 
 _TRAIN_SPLIT = LinearProbe.Options.model_fields["train_split"]  # one default and help, shared with linear_probe
 
@@ -42,16 +42,13 @@ class MiebLinearProbe(ProbeTask):
     raw_features = True
     metrics = (
         # tasks/score/mieb_probe.py: mteb's ImageClassification scores, mean and spread over experiments
-        *[m for name, what in (("accuracy", "accuracy"), ("f1", "macro F1"), ("f1_weighted", "support-weighted F1"),
-                               ("precision", "macro precision"), ("precision_weighted", "support-weighted precision"),
-                               ("recall", "macro recall"), ("recall_weighted", "support-weighted recall"),
-                               ("ap", "macro average precision of the predicted labels (two classes only)"),
-                               ("ap_weighted", "weighted average precision of the predicted labels (two classes only)"))
-          for m in (MetricInfo(f"mieb_lp_{name}", True, False, f"mieb_linear_probe: mean over experiments of the test "
-                                                                 f"{what} of a logistic regression fitted on few-shot "
-                                                                 f"train features (MIEB's linear probe)"),
-                    MetricInfo(f"mieb_lp_{name}_std", False, False, f"mieb_linear_probe: standard deviation (ddof 0) "
-                                                                    f"over experiments of the test {what}"))],
+        *experiment_metrics("mieb_linear_probe", "mieb_lp", (
+            ("accuracy", "accuracy"), ("f1", "macro F1"), ("f1_weighted", "support-weighted F1"),
+            ("precision", "macro precision"), ("precision_weighted", "support-weighted precision"),
+            ("recall", "macro recall"), ("recall_weighted", "support-weighted recall"),
+            ("ap", "macro average precision of the predicted labels (two classes only)"),
+            ("ap_weighted", "weighted average precision of the predicted labels (two classes only)")),
+            "a logistic regression fitted on few-shot train features (MIEB's linear probe)"),
     )
     samples = (SampleUnit("image_experiment_<i>", ("target", "prediction", "correct1"), "a test image in experiment "
                                                                                          "i: its class, the probe's "

@@ -25,7 +25,6 @@ from clipcache.tasks.evaluation.base import (
     DataSource,
     Encoded,
     EncodeSettings,
-    MetricInfo,
     Prepared,
     Scored,
     ScoreSettings,
@@ -33,7 +32,7 @@ from clipcache.tasks.evaluation.base import (
 from clipcache.tasks.evaluation.common import sample_keys
 from clipcache.tasks.evaluation.linear_probe import LinearProbe
 from clipcache.tasks.evaluation.mieb_linear_probe import MiebLinearProbe
-from clipcache.tasks.evaluation.probes import ProbeTask
+from clipcache.tasks.evaluation.probes import ProbeTask, experiment_metrics
 
 if TYPE_CHECKING:
     from clipcache.storage.embedding_store import EmbeddingStore
@@ -73,17 +72,12 @@ class MultilabelProbe(ProbeTask):
     main_metrics = (("multilabel_lrap", None, "multilabel_lrap", 1),)
     metrics = (
         # multilabel_probe (tasks/score/multilabel_probe.py): mteb's multilabel scores (VOC2007), mean and spread
-        *[m for name, what in (("lrap", "label-ranking average precision of the predicted label sets (MIEB's main "
-                                        "score)"),
-                               ("accuracy", "subset accuracy (predicted label set exactly the true one)"),
-                               ("f1", "macro F1 over the classes"),
-                               ("hamming", "mean per image of |true & predicted| / |true | predicted| (mteb's "
-                                           "hamming)"))
-          for m in (MetricInfo(f"multilabel_{name}", True, False, f"multilabel_probe: mean over experiments of the "
-                                                                   f"test {what} of a kNN fitted on few-shot train "
-                                                                   f"features"),
-                    MetricInfo(f"multilabel_{name}_std", False, False, f"multilabel_probe: standard deviation (ddof "
-                                                                       f"0) over experiments of the test {name}"))],
+        *experiment_metrics("multilabel_probe", "multilabel", (
+            ("lrap", "label-ranking average precision of the predicted label sets (MIEB's main score)"),
+            ("accuracy", "subset accuracy (predicted label set exactly the true one)"),
+            ("f1", "macro F1 over the classes"),
+            ("hamming", "mean per image of |true & predicted| / |true | predicted| (mteb's hamming)")),
+            "a kNN fitted on few-shot train features"),
     )
     samples = (SampleUnit("image_experiment_<i>", ("top", "correct1", "value"), "a test image in experiment i: the "
                                                                                   "predicted classes, whether all "

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from clipcache.tasks.contract import DataSource, Encoded, EncodeSession, EncodeSettings, Prepared, PromptSettings
-from clipcache.tasks.evaluation.base import EvalTask
+from clipcache.tasks.evaluation.base import EvalTask, MetricInfo
 from clipcache.tasks.evaluation.common import encode_split_images, open_single_label
 
 if TYPE_CHECKING:
@@ -23,6 +23,14 @@ if TYPE_CHECKING:
     from clipcache.tasks.datasets.base import EvalDataset
     from clipcache.tasks.progress import StageProgress
 
+
+def experiment_metrics(task: str, prefix: str, scores: tuple[tuple[str, str], ...], fitted: str) -> tuple[MetricInfo, ...]:
+    """A probe's metrics over its few-shot experiments: for each (name, what) of ``scores``, ``<prefix>_<name>`` (the
+    mean over experiments of the test ``what`` of ``fitted``) and ``<prefix>_<name>_std`` (their spread)."""
+    return tuple(m for name, what in scores for m in (
+        MetricInfo(f"{prefix}_{name}", True, False, f"{task}: mean over experiments of the test {what} of {fitted}"),
+        MetricInfo(f"{prefix}_{name}_std", False, False, f"{task}: standard deviation (ddof 0) over experiments of "
+                                                         f"the test {what}")))
 
 class ProbeTask(EvalTask["EvalDataset"]):
     """A task over the cached image features of a classification dataset's splits."""
