@@ -22,7 +22,8 @@ from clipcache.tasks.datasets.shapes import ShapesDataset, load_shapes
 from clipcache.tasks.encode import decode_pool
 from clipcache.tasks.encode.batches import process_batches
 from clipcache.tasks.encode.decode_pool import DecodePool, ring_slots
-from clipcache.tasks.encode.gpu_decode import DecodeCounts, DeviceTransform, gpu_batches, jpeg_route
+from clipcache.tasks.encode.gpu_decode import DecodeCounts, DeviceTransform, gpu_batches
+from clipcache.tasks.encode.jpeg_header import jpeg_route
 from clipcache.tasks.encode.preprocess import portable_transform
 from clipcache.tasks.encode.stage import ModelSession
 from clipcache.tasks.models.resolve import resolve_model

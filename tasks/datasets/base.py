@@ -7,7 +7,6 @@ number of workers, makes ``--limit N`` exactly the first N samples and lets an i
 
 from __future__ import annotations
 
-import io
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -16,10 +15,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from clipcache.storage.errors import ConfigError, DatasetError
 from clipcache.storage.hashing import FileHashMemo
+from clipcache.tasks.datasets.image_bytes import opened_image
 
 Task = Literal["zeroshot_classification", "zeroshot_retrieval", "image_caption_selection"]
 # The tasks an image dataset can declare (a DatasetReader's ``task``); the registry of evaluation tasks is
@@ -184,18 +184,14 @@ class EvalDataset(ABC):
         """Raw encoded image (or an already built PIL image for generated data)."""
 
     def load_image(self, index: int) -> Image.Image:
-        """Decoded RGB image; a file that does not decode raises DatasetError naming it."""
+        """Decoded RGB image; a file that does not decode, or a decompression bomb, raises DatasetError naming it
+        (tasks/datasets/image_bytes.py)."""
         raw = self.read_image_bytes(index)
         if isinstance(raw, Image.Image):
             return raw.convert("RGB")
-        try:
-            with Image.open(io.BytesIO(raw)) as img:
-                img.load()
-                return img.convert("RGB")
-        except UnidentifiedImageError as e:
-            raise DatasetError(f"image does not decode: {self.describe(index)} (not a recognisable image)") from e
-        except Exception as e:  # PIL raises many types for bad data (OSError, SyntaxError, ValueError...)
-            raise DatasetError(f"image does not decode: {self.describe(index)} ({type(e).__name__}: {e})") from e
+        with opened_image(raw, lambda: self.describe(index)) as img:  # PIL refuses a bomb from its header
+            img.load()
+            return img.convert("RGB")
 
     def supports(self, task: Task) -> bool:
         return task == self.task

@@ -2,7 +2,7 @@
 of the model.
 
 - **Read ahead on threads.** ``num_workers`` reader threads read each batch's raw bytes (file and shard reads: I/O),
-  ``prefetch`` batches per thread ahead, and look at each JPEG's header (:func:`jpeg_route`). Images nvJPEG's batched
+  ``prefetch`` batches per thread ahead, and look at each JPEG's header (tasks/encode/jpeg_header.py). Images nvJPEG's batched
   decode does not take are decoded by PIL right there, in the reader threads, one by one, and counted
   (:class:`DecodeCounts`): not a JPEG (PNG, WebP, generated images), greyscale and CMYK/YCCK JPEGs, and the rare
   lossless, arithmetic-coded or 12-bit ones. They then take the same device path as the rest.
@@ -42,7 +42,9 @@ from PIL import Image
 
 from clipcache.storage.errors import ConfigError, DatasetError
 from clipcache.tasks.datasets.base import EvalDataset
+from clipcache.tasks.datasets.image_bytes import check_image_size
 from clipcache.tasks.encode.batches import ImageBatch, batch_ranges, default_workers
+from clipcache.tasks.encode.jpeg_header import jpeg_header
 from clipcache.tasks.encode.preprocess import (
     CenterCrop,
     ConvertMode,
@@ -56,7 +58,6 @@ from clipcache.tasks.encode.preprocess import (
 log = logging.getLogger("clipcache.encode")
 
 _MODES = {3: "bicubic", 2: "bilinear", 0: "nearest"}  # PIL filter -> torch interpolate mode
-_JPEG = b"\xff\xd8"
 _GROUP_ELEMENTS = 2**28  # float32 elements resized in one call at most (1 GiB): a batch of huge photos is split
 
 
@@ -149,38 +150,6 @@ def _center_crop(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return x[..., top:top + h, left:left + w]
 
 
-# -- which decoder takes an image ------------------------------------------------------------------------------------
-_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # start-of-frame markers
-_STANDALONE = {0x01, *range(0xD0, 0xD9)}  # markers without a length: TEM, RSTn, SOI
-
-
-def jpeg_route(raw: bytes | Image.Image) -> str:
-    """Who decodes an image, from its first bytes: ``nvjpeg`` (an 8-bit baseline, extended or progressive JPEG of 3
-    components), else the reason PIL does: ``not_jpeg``, ``greyscale`` (1 component), ``cmyk`` (4: CMYK or YCCK) or
-    ``other`` (lossless, arithmetic-coded, 12-bit, or a header that does not parse: PIL says what is wrong)."""
-    if not isinstance(raw, bytes | bytearray) or raw[:2] != _JPEG:
-        return "not_jpeg"
-    i, n = 2, len(raw)
-    while i + 4 <= n:
-        if raw[i] != 0xFF:
-            return "other"
-        marker = raw[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker in _STANDALONE:
-            i += 2
-            continue
-        if marker == 0xDA:  # scan data before any frame header
-            return "other"
-        if marker in _SOF:
-            if i + 10 > n or marker not in (0xC0, 0xC1, 0xC2) or raw[i + 4] != 8:
-                return "other"
-            return {3: "nvjpeg", 1: "greyscale", 4: "cmyk"}.get(raw[i + 9], "other")
-        i += 2 + int.from_bytes(raw[i + 2:i + 4], "big")
-    return "other"
-
-
 @dataclass
 class DecodeCounts:
     """Images by who decoded them: nvJPEG, or PIL and why (counted over one encode)."""
@@ -222,7 +191,9 @@ def read_batch(dataset: EvalDataset, lo: int, hi: int) -> list[_Read]:
     for index in range(lo, hi):
         try:
             raw = dataset.read_image_bytes(index)
-            route = jpeg_route(raw)
+            route, size = jpeg_header(raw)
+            if route == "nvjpeg" and size is not None:  # nvJPEG has no bound of its own: PIL's, from the header
+                check_image_size(size, lambda: dataset.describe(index))  # noqa: B023 (called here, or never)
             if route == "nvjpeg" and isinstance(raw, bytes | bytearray):
                 items.append(_Read(index, route, data=torch.frombuffer(bytearray(raw), dtype=torch.uint8)))
             else:

@@ -6,14 +6,13 @@ untrusted, so a path-only cell must name a file inside ``--dataset_root`` (resol
 symlinks followed); anything else is refused in one line naming the row, never opened, encoded or sent to an API
 model. There is no switch to allow it: copy such images into the folder, or store their bytes in the Parquet files.
 
-Every image is also opened here as the other readers open theirs (tasks/datasets/base.py ``load_image``): PIL's
+Every image is also opened here as the other readers open theirs (tasks/datasets/image_bytes.py): PIL's
 decompression-bomb bound (an image over ``2 x PIL.Image.MAX_IMAGE_PIXELS`` pixels is refused from its header) and
 junk bytes become one line naming the row, not a traceback from inside mteb's evaluation.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -68,20 +67,15 @@ def _cells(table: Any, column: str) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def _check_cell(cell: dict[str, Any], where: str, root: Path | None) -> None:
-    from PIL import Image, UnidentifiedImageError
+    from clipcache.tasks.datasets.image_bytes import opened_image
 
     data, path = cell.get("bytes"), cell.get("path")
     if data is None:
         if not path:
             return  # an empty cell: mteb's own handling
         data = _inside_root(str(path), where, root).read_bytes()
-    try:
-        with Image.open(io.BytesIO(data)) as img:  # reads the header: PIL refuses a bomb here
-            img.verify()
-    except UnidentifiedImageError as e:
-        raise DatasetError(f"image does not decode: {where} (not a recognisable image)") from e
-    except Exception as e:  # PIL raises many types for bad data (DecompressionBombError, OSError, SyntaxError...)
-        raise DatasetError(f"image does not decode: {where} ({type(e).__name__}: {e})") from e
+    with opened_image(data, lambda: where) as img:  # reads the header: PIL refuses a bomb here
+        img.verify()
 
 
 def _inside_root(path: str, where: str, root: Path | None) -> Path:
