@@ -2,7 +2,8 @@
 other installed packages through a Python entry point group.
 
 Lazy strings keep imports light (no torch until a model is actually loaded). Entry points are read on first use of a
-registry that names a group. Unknown names get a "Did you mean" hint; registering a name twice is an error.
+registry that names a group, once per process; each lazy string is imported once (an import that failed is reported
+again on each use, not retried). Unknown names get a "Did you mean" hint; registering a name twice is an error.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Registry(Generic[T]):
         self._origin: dict[str, str] = {}
         self._plugins_loaded = entry_point_group is None
         self._plugin_error: Exception | None = None  # a conflicting plugin: raised on every use, not only the first
+        self._import_errors: dict[str, tuple[str, str, Exception]] = {}  # name -> ("module:attr", message, cause)
 
     def register(self, name: str, obj: T | str | None = None) -> Callable[[T], T] | None:
         """``registry.register("x", obj)``, ``registry.register("x", "pkg.mod:attr")`` or ``@registry.register("x")``."""
@@ -78,26 +80,41 @@ class Registry(Generic[T]):
             self._load_plugins()
         return list(self._entries)
 
+    def own_names(self) -> list[str]:
+        """The names registered in this process (clipcache's own, and any ``register`` call), sorted; the entry
+        points are not read, nor any plugin imported."""
+        return sorted(name for name, origin in self._origin.items() if origin == "clipcache")
+
     def origin(self, name: str) -> str:
-        self._load_plugins()
+        """Who registered ``name``: ``clipcache`` (in this process) or the entry point (read only for a name not
+        registered here)."""
+        if name not in self._origin:
+            self._load_plugins()
         return self._origin[name]
 
     def suggest(self, name: str) -> str:
         close = difflib.get_close_matches(name, self.names(), n=3, cutoff=0.6)
         return f" Did you mean: {', '.join(close)}?" if close else ""
 
-    def get(self, name: str) -> T:
-        self._load_plugins()
+    def get(self, name: str, *, plugins: bool = True) -> T:
+        """The object registered as ``name``, imported on first use; ``plugins=False``: among the names registered in
+        the process only, without reading the entry points."""
+        if plugins:
+            self._load_plugins()
         if name not in self._entries:
             raise self.error(f"Unknown {self.kind} {name!r}.{self.suggest(name)}")
         obj = self._entries[name]
         if isinstance(obj, str):
+            failed = self._import_errors.get(name)
+            if failed is not None and failed[0] == obj:  # imported once: a module that failed is not run again
+                raise self.error(failed[1]) from failed[2]
             module, _, attr = obj.partition(":")
             try:
                 obj = getattr(importlib.import_module(module), attr)
             except (ImportError, AttributeError) as e:
-                raise self.error(f"{self.kind} {name!r} ({self._origin[name]}) cannot be imported: "
-                                 f"{type(e).__name__}: {e}") from e
+                message = f"{self.kind} {name!r} ({self._origin[name]}) cannot be imported: {type(e).__name__}: {e}"
+                self._import_errors[name] = (obj, message, e)
+                raise self.error(message) from e
             self._entries[name] = obj
         return obj
 

@@ -15,6 +15,9 @@ tasks/datasets/declared.py; ``check_name``,
   ``clipcache.datasets`` (tasks/datasets/reader.py).
 - a plugin's own source (a family of names with its own lookup): a DatasetSource another package adds with an
   entry point in the group ``clipcache.dataset_sources``; one that cannot be imported is left out with a warning.
+  The plugins' sources are asked only about a name no built-in source claims (its own names, a typo, the listing):
+  the entry points are then read and each module imported once per process, and a name clipcache knows is resolved
+  without either.
 - ``group_layouts``: DataComp's WILDS and fairness sets with per-sample metadata (``wilds/iwildcam``,
   ``fairness/geode``, ...; tasks/datasets/datacomp/group_layouts.py): its webdataset copies or WILDS' folders.
 - ``original``: every name of clip_benchmark's builder that reads original files (cifar10, food101, imagenet1k,
@@ -31,7 +34,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import cache, partial
 from pathlib import Path
@@ -126,9 +129,10 @@ def original_names() -> list[str]:
     return sorted(n for n in layouts() if n not in catalog())
 
 
-def get_source(name: str) -> DatasetSource:
-    """The registered source ``name``; the registry may hold a DatasetSource instance or its class."""
-    obj = SOURCES.get(name)
+def get_source(name: str, *, plugins: bool = True) -> DatasetSource:
+    """The registered source ``name``; the registry may hold a DatasetSource instance or its class.
+    ``plugins=False``: a built-in source, found without reading the entry points."""
+    obj = SOURCES.get(name, plugins=plugins)
     if isinstance(obj, type) and issubclass(obj, DatasetSource):
         obj = obj()
     if not isinstance(obj, DatasetSource):
@@ -141,13 +145,14 @@ def get_source(name: str) -> DatasetSource:
     return obj
 
 
-def _usable(names: list[str]) -> list[DatasetSource]:
+def _usable(names: list[str], *, plugins: bool = True) -> list[DatasetSource]:
     """The sources ``names``, leaving out a plugin's source that cannot be used (warned once, in one line): one broken
-    package does not stop the datasets it was never going to read. A built-in source's error is raised."""
+    package does not stop the datasets it was never going to read. A built-in source's error is raised.
+    ``plugins=False``: ``names`` are built-in sources (the entry points are not read)."""
     sources = []
     for name in names:
         try:
-            sources.append(get_source(name))
+            sources.append(get_source(name, plugins=plugins))
         except DatasetError as e:
             if SOURCES.origin(name) == "clipcache":
                 raise
@@ -182,7 +187,7 @@ def _ask(source: DatasetSource, question: Callable[[], T], default: T) -> T:
 def broken_sources() -> list[str]:
     """What is wrong with each plugin source that cannot be used (built-in ones are not imported here)."""
     broken = []
-    for name in (n for n in SOURCES.names() if SOURCES.origin(n) != "clipcache"):
+    for name in _plugin_names():
         try:
             get_source(name)
         except DatasetError as e:
@@ -191,15 +196,35 @@ def broken_sources() -> list[str]:
 
 
 def sources_by_priority(ref: DatasetRef | None = None) -> list[DatasetSource]:
-    """The sources by priority; with ``ref``, only those that may claim it (a built-in source's declaration says,
-    tasks/datasets/declared.py: the others are not imported)."""
-    names = [name for name in SOURCES.names() if ref is None or declared(name).may_claim(ref)]
-    return sorted(_usable(names), key=lambda s: (s.priority, s.name))
+    """Every source by priority; with ``ref``, those that may be asked about it in the order the lookup asks them
+    (:func:`_asked`)."""
+    if ref is not None:
+        return list(_asked(ref))
+    return sorted(_usable(SOURCES.names()), key=lambda s: (s.priority, s.name))
 
 
-def _claimant(ref: DatasetRef, *, image_data: bool = False) -> DatasetSource | None:
-    """The first source, by priority, that claims ``ref`` (with ``image_data``, only sources of image datasets)."""
-    for source in sources_by_priority(ref):
+def _asked(ref: DatasetRef, plugins: bool | None = None) -> Iterator[DatasetSource]:
+    """The sources the lookup asks about ``ref``, in order: the built-in ones (those registered in the process) by
+    priority, leaving out those whose declaration says they cannot claim it (tasks/datasets/declared.py: not
+    imported); then, only if none of them claimed it, the plugins' sources by priority. So a name clipcache knows
+    keeps its meaning, and resolving it neither reads the entry points nor imports a plugin's module.
+    ``plugins``: only the built-in sources (False) or only the plugins' (True)."""
+    if plugins is not True:
+        own = [name for name in SOURCES.own_names() if declared(name).may_claim(ref)]
+        yield from sorted(_usable(own, plugins=False), key=lambda s: (s.priority, s.name))
+    if plugins is not False:
+        yield from sorted(_usable(_plugin_names()), key=lambda s: (s.priority, s.name))
+
+
+def _plugin_names() -> list[str]:
+    """The sources other packages add (the entry points, read once per process on first call)."""
+    return [name for name in SOURCES.names() if SOURCES.origin(name) != "clipcache"]
+
+
+def _claimant(ref: DatasetRef, *, image_data: bool = False, plugins: bool | None = None) -> DatasetSource | None:
+    """The first source, in the lookup's order (:func:`_asked`), that claims ``ref`` (with ``image_data``, only
+    sources of image datasets)."""
+    for source in _asked(ref, plugins):
         if not (image_data and source.only_for) and _ask(source, partial(source.claims, ref), False):
             return source
     return None
@@ -261,8 +286,10 @@ def _unknown(name: str) -> DatasetError:
 def check_name(name: str, dataset_root: str | None = None) -> None:
     """Raise a "Did you mean" error for a name no source claims (before any work starts). Any name of a BEIR folder
     goes (text retrieval). A name some source claims without a root is known whatever the root: the root is read
-    only for names no source knows without one."""
-    if _claimant(DatasetRef(name)) is None and _claimant(DatasetRef(name, dataset_root)) is None:
+    only for names no source knows without one. The plugins' sources are asked only when no built-in one claims
+    the name, with or without the root."""
+    refs = (DatasetRef(name), DatasetRef(name, dataset_root))
+    if all(_claimant(ref, plugins=plugins) is None for plugins in (False, True) for ref in refs):
         raise _unknown(name)
 
 

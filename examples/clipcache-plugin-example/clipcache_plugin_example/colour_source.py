@@ -4,8 +4,9 @@ Each name is the bundled shapes data (clipcache's generated test and train split
 zero-shot classification over the five shapes of that colour (``red circle``, ``red square``, ...). The source
 claims its six names, suggests them for a typo, lists them in ``clipcache datasets``, and opens them without files.
 
-This module is imported by every dataset name check while the package is installed, so it imports only clipcache's
-light source contract; the data (NumPy, PIL) is made in ``open``.
+clipcache imports this module, once per process, for the first dataset name none of its own sources claims (these
+names, a typo, the listing), so it imports only clipcache's light source contract; the data (NumPy, PIL) is made in
+``open``.
 """
 
 from __future__ import annotations
