@@ -5,7 +5,10 @@ batches of ``{"text": [str, ...]}`` and/or ``{"image": [PIL.Image, ...]}`` (RGB,
 one row per input. :class:`CachedMtebEncoder` answers from content-addressed pools:
 
 - texts: the model's text pool (``TextPool``, the one class prompts use: keyed by model identity, precision and each
-  text's SHA-256), so "a photo of a cat." is one vector for every MIEB task and every zero-shot classification;
+  text's SHA-256), so "a photo of a cat." is one vector for every MIEB task and every zero-shot classification. A
+  retrieval task's queries (mteb's ``prompt_type=PromptType.query``) are embedded as queries: the same vectors for a
+  local model, which embeds every text alike; the query role or prefix for an ``api:`` model that sends one, whose
+  queries then have a pool of their own (``ResolvedModel.text_roles``);
 - images: the model's image pool (``ContentPool``, keyed by model identity, which holds the resolved preprocessing,
   precision and the SHA-256 of each image's decoded pixels, mode and size), so two MIEB tasks over the same images
   (CIFAR10ZeroShot and CIFAR10Clustering read one dataset) share every vector, whatever the task, split or order.
@@ -37,6 +40,7 @@ import numpy as np
 import torch
 from mteb.models.abs_encoder import AbsEncoder
 from mteb.models.model_meta import ModelMeta, ScoringFunction
+from mteb.types import PromptType
 
 from clipcache.storage.cache_keys import AuxSpec
 from clipcache.storage.content_pool import DIGEST_ARRAY, ContentPool, digests_array
@@ -101,6 +105,7 @@ class EncodeCounts:
     texts_cached: int = 0
     image_keys: list[str] = field(default_factory=list)
     text_keys: list[str] = field(default_factory=list)
+    by_prompt_type: dict[str, int] = field(default_factory=dict)  # inputs mteb passed as "query", "document", "none"
 
     @property
     def encoded(self) -> int:
@@ -145,9 +150,14 @@ class _MtebEncoder(AbsEncoder):
         return [rows for rows, _, _ in sides.values()]
 
     def encode(self, inputs: Any, *, task_metadata: Any, hf_split: str, hf_subset: str,
-               prompt_type: Any = None, **kwargs: Any) -> np.ndarray:
-        # CLIP-style models take no instructions: mteb's prompt_type and task prompts change nothing here, as in
-        # mteb's own CLIP / OpenCLIP wrappers
+               prompt_type: PromptType | None = None, **kwargs: Any) -> np.ndarray:
+        # mteb's prompt_type says whether the inputs are a retrieval task's queries or its corpus (None: a task
+        # without the two). Texts of queries are embedded as queries: the same for a local model (CLIP-style models
+        # take no instructions, as in mteb's own CLIP / OpenCLIP wrappers), a role or prefix for an api: model that
+        # sends them (ResolvedModel.text_roles). mteb's task prompts and instructions are not used.
+        role = "query" if prompt_type == PromptType.query else "document"
+        kind = "none" if prompt_type is None else role
+        self.counts.by_prompt_type[kind] = self.counts.by_prompt_type.get(kind, 0) + len(inputs.dataset)
         columns = input_columns(inputs.dataset)
         refused = sorted(columns & set(REFUSED))
         if refused:
@@ -163,7 +173,7 @@ class _MtebEncoder(AbsEncoder):
         if images is None:
             for _ in self._batches(inputs, texts):  # a text-only loader: collect its texts
                 pass
-        text_vectors = self._text_vectors(texts, task_metadata.name) if texts else None
+        text_vectors = self._text_vectors(texts, task_metadata.name, role) if texts else None
         if images is not None and text_vectors is not None:
             if len(images[0]) != len(text_vectors[0]):
                 raise DatasetError(f"mteb task {task_metadata.name}: {len(images[0])} images and "
@@ -190,8 +200,8 @@ class _MtebEncoder(AbsEncoder):
         reads or adds them)."""
 
     @abstractmethod
-    def _text_vectors(self, texts: list[str], task: str) -> Vectors:
-        """The texts' normalised vectors and norms, in order."""
+    def _text_vectors(self, texts: list[str], task: str, role: str) -> Vectors:
+        """The texts' normalised vectors and norms, in order, embedded as ``role`` (``query`` or ``document``)."""
 
 
 class UncachedMtebEncoder(_MtebEncoder):
@@ -214,9 +224,10 @@ class UncachedMtebEncoder(_MtebEncoder):
                                                                               if r is not None])
         return np.concatenate([v for v, _, _ in parts]), raw, True
 
-    def _text_vectors(self, texts: list[str], task: str) -> Vectors:
+    def _text_vectors(self, texts: list[str], task: str, role: str) -> Vectors:
         self.counts.texts_encoded += len(texts)
-        vectors, _, raw = self.model.encode_texts_with_raw(texts)
+        with self.model.texts_as("query" if role == "query" else "prompt"):  # a prompt: a document to an API model
+            vectors, _, raw = self.model.encode_texts_with_raw(texts)
         return vectors, raw, True
 
 
@@ -307,18 +318,21 @@ class CachedMtebEncoder(_MtebEncoder):
                 j += 1
         return out, out_raw, exact
 
-    def _text_vectors(self, texts: list[str], task: str) -> Vectors:
+    def _text_vectors(self, texts: list[str], task: str, role: str) -> Vectors:
         from clipcache.tasks.contract import CacheMissError
         from clipcache.tasks.encode.stage import encode_prompts, prompt_pool_fields
         from clipcache.tasks.progress import StageProgress
 
-        pool = TextPool(self.store, digest(prompt_pool_fields(self.session)))
+        # one pool of texts for a model that embeds every text alike (local models: keys of earlier runs stay); a
+        # pool of its queries beside it for one that does not
+        pool_role = "query" if role == "query" and self.session.resolved.text_roles else "prompt"
+        pool = TextPool(self.store, digest(prompt_pool_fields(self.session, pool_role)))
         missing = set(pool.missing(texts))
         if missing and self.cached_only:
-            raise CacheMissError([f"{len(missing)} text embeddings of mteb task {task}"])
+            raise CacheMissError([f"{len(missing)} {role} text embeddings of mteb task {task}"])
         if missing:
             outcome = encode_prompts(self.session, texts, self.store, self.batch_size,
-                                     self.progress or StageProgress(enabled=False), f"mieb:{task}")
+                                     self.progress or StageProgress(enabled=False), f"mieb:{task}", role=pool_role)
             self.counts.texts_encoded += outcome.encoded
             lookup = outcome.lookup
         else:

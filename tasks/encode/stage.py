@@ -126,9 +126,11 @@ def check_cached(store: EmbeddingStore, wanted: list[tuple[dict, str]]) -> None:
         raise CacheMissError(missing)
 
 
-def prompt_pool_fields(session: EncodeSession) -> dict:
-    """The pool of class-prompt vectors of one model: shared by every dataset and template set."""
-    return {"role": "prompt", "model": session.resolved.identity, "precision": session.precision}
+def prompt_pool_fields(session: EncodeSession, role: str = "prompt") -> dict:
+    """The pool of class-prompt vectors of one model: shared by every dataset and template set. ``role="query"``:
+    the pool of its query texts, for a model that embeds a query differently from a document (mteb's queries of an
+    ``api:`` model with roles or prefixes); every other text is a ``prompt`` (a document to such a model)."""
+    return {"role": role, "model": session.resolved.identity, "precision": session.precision}
 
 
 @dataclass(frozen=True)
@@ -147,14 +149,15 @@ class PromptOutcome:
 
 
 def encode_prompts(session: EncodeSession, prompts: list[str], store: EmbeddingStore, batch_size: int,
-                   progress: StageProgress, label: str) -> PromptOutcome:
-    """Encode only the prompt texts this model has never seen; return where every requested prompt's vector is."""
-    pool = TextPool(store, digest(prompt_pool_fields(session)))
+                   progress: StageProgress, label: str, *, role: str = "prompt") -> PromptOutcome:
+    """Encode only the prompt texts this model has never seen; return where every requested prompt's vector is.
+    ``role``: the pool (:func:`prompt_pool_fields`), and the kind the model embeds the texts as."""
+    pool = TextPool(store, digest(prompt_pool_fields(session, role)))
     missing = pool.missing(prompts)
     encoded = 0
     if missing:
-        fields = {"role": "prompt-batch", "pool": pool.pool, "texts": digest(missing)}
-        outcome = encode_texts(session, missing, store, fields, kind="prompt", batch_size=batch_size,
+        fields = {"role": f"{role}-batch", "pool": pool.pool, "texts": digest(missing)}
+        outcome = encode_texts(session, missing, store, fields, kind=role, batch_size=batch_size,
                                progress=progress, label=label,
                                aux_values={"text_sha256": text_sha256(missing)}, meta={"dataset": label},
                                raw=True)  # a few texts: their raw rows too, for mteb's raw features bit for bit

@@ -50,6 +50,16 @@ class ApiResolvedModel(ResolvedModel):
     settings: ApiSettings = ApiSettings(api_base="")  # how to reach it: not part of the identity
     canary_dir: str | None = None  # <cache>/api_canaries: where its canary answers are recorded
 
+    @property
+    def text_roles(self) -> bool:
+        """A query and a document are sent differently: by the format's role (Cohere, Voyage and Jina name one,
+        unless --api_roles off) or by different prefixes (``--api_query_prefix`` / ``--api_document_prefix``)."""
+        from clipcache.tasks.models.api_formats import get_format
+
+        settings = self.settings
+        sends_role = settings.roles and bool(get_format(settings.request_format).roles)
+        return sends_role or settings.query_prefix != settings.document_prefix
+
 
 class ApiLoader(ModelLoader):
     name = "api"

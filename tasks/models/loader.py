@@ -61,6 +61,13 @@ class ResolvedModel:
     def fingerprint(self) -> str:
         return digest(self.identity)[:16]
 
+    @property
+    def text_roles(self) -> bool:
+        """Whether a text is embedded differently as a query than as a document (``EmbeddingModel.texts_as``): False
+        for every local model, which embeds every text the same way; an ``api:`` model says (tasks/models/api_loader.py).
+        Known without loading the model, so a cached run asks it too."""
+        return False
+
 
 def library_version(distribution: str) -> str:
     """major.minor of an installed distribution (part of identities: a new release may change vectors)."""
