@@ -128,6 +128,7 @@ class _MtebEncoder(AbsEncoder):
     def __init__(self, meta: ModelMeta):
         self.mteb_model_meta = meta
         self._warned: set[str] = set()
+        self.counts = EncodeCounts()
 
     def _raw(self, task: str, sides: dict[str, Vectors]) -> list[np.ndarray]:
         """The sides' raw features, or their normalised rows (and one warning per task) when a side has no norms."""
@@ -210,7 +211,6 @@ class UncachedMtebEncoder(_MtebEncoder):
     def __init__(self, model: EmbeddingModel, meta: ModelMeta):
         super().__init__(meta)
         self.model = model
-        self.counts = EncodeCounts()
 
     def _image_vectors(self, batches: Iterable[list[Image.Image]], n: int, task: str) -> Vectors:
         parts = []
@@ -246,7 +246,6 @@ class CachedMtebEncoder(_MtebEncoder):
         self.batch_size = batch_size
         self.cached_only = cached_only
         self.progress = progress
-        self.counts = EncodeCounts()
         self.images = ContentPool(store, digest(image_pool_fields(session)))
 
     def _image_vectors(self, batches: Iterable[list[Image.Image]], n: int, task: str) -> Vectors:
