@@ -150,8 +150,9 @@ def test_an_api_model_with_roles_sends_mtebs_queries_as_queries(name, copies, se
     assert sent["document"] >= (N if "text" in TASKS[name][1] else 0)
 
     task = load_mieb(name, copies[name], "test", "en").task
-    [theirs] = mteb.evaluate(reference_with_role_prompts(), task, cache=None, co2_tracker=False,
-                             show_progress_bar=False, encode_kwargs={"batch_size": BATCH}).task_results[0].scores["test"]
+    result = mteb.evaluate(reference_with_role_prompts(), task, cache=None, co2_tracker=False,
+                           show_progress_bar=False, encode_kwargs={"batch_size": BATCH})
+    [theirs] = result.task_results[0].scores["test"]
     assert_equal_scores(scored.metrics, theirs)
 
     requests = server.requests  # a rerun reads both pools: nothing is sent, the scores are the same

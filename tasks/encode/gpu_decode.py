@@ -2,10 +2,12 @@
 of the model.
 
 - **Read ahead on threads.** ``num_workers`` reader threads read each batch's raw bytes (file and shard reads: I/O),
-  ``prefetch`` batches per thread ahead, and look at each JPEG's header (tasks/encode/jpeg_header.py). Images nvJPEG's batched
-  decode does not take are decoded by PIL right there, in the reader threads, one by one, and counted
-  (:class:`DecodeCounts`): not a JPEG (PNG, WebP, generated images), greyscale and CMYK/YCCK JPEGs, and the rare
-  lossless, arithmetic-coded or 12-bit ones. They then take the same device path as the rest.
+  ``prefetch`` batches per thread ahead, and look at each JPEG's header (tasks/encode/jpeg_header.py). A JPEG whose
+  declared size is over PIL's decompression-bomb bound is refused there, as the CPU path refuses it
+  (tasks/datasets/image_bytes.py), before nvJPEG sees a byte. Images nvJPEG's batched decode does not take are
+  decoded by PIL right there, in the reader threads, one by one, and counted (:class:`DecodeCounts`): not a JPEG
+  (PNG, WebP, generated images), greyscale and CMYK/YCCK JPEGs, and the rare lossless, arithmetic-coded or 12-bit
+  ones. They then take the same device path as the rest.
 - **Batched on the device.** One decoding thread decodes each batch's JPEGs in one batched
   ``torchvision.io.decode_jpeg(..., device="cuda")`` call (nvJPEG; a call blocks its thread until the batch is
   decoded, so it is not the encoding thread's), and preprocesses the batch as tensor operations

@@ -64,8 +64,8 @@ class ResolvedModel:
     @property
     def text_roles(self) -> bool:
         """Whether a text is embedded differently as a query than as a document (``EmbeddingModel.texts_as``): False
-        for every local model, which embeds every text the same way; an ``api:`` model says (tasks/models/api_loader.py).
-        Known without loading the model, so a cached run asks it too."""
+        for every local model, which embeds every text the same way; an ``api:`` model says
+        (tasks/models/api_loader.py). Known without loading the model, so a cached run asks it too."""
         return False
 
 
