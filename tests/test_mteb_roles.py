@@ -130,6 +130,7 @@ def reference_with_role_prompts():
     return Reference()
 
 
+@pytest.mark.full  # a local embedding server
 @pytest.mark.parametrize("name", list(TASKS))
 def test_an_api_model_with_roles_sends_mtebs_queries_as_queries(name, copies, server, tmp_path, monkeypatch):
     import mteb
