@@ -165,3 +165,16 @@ def test_a_bomb_is_skipped_by_the_gpu_pipeline_as_by_the_cpu_one(folder, model, 
     assert errors == cpu_errors and [i for i, _ in errors] == [3, 5]
     assert [i for b in batches for i in b.indices.tolist()] == [0, 1, 2, 4]
     assert sorted(handed) == sorted(folder.read_image_bytes(i) for i in (0, 1, 2, 4))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine)")
+def test_on_cuda_a_bomb_never_reaches_nvjpeg(folder):
+    """The same pipeline with nvJPEG on the device: the bombs are the CPU path's errors, the rest is decoded."""
+    cuda = torch.device("cuda")
+    model = ModelSession(resolve_model(ModelSpec(model_name="tiny-shapes-clip"), FileHashMemo(None)), cuda, False,
+                         "fp32").model
+    batches = list(gpu_batches(folder, model, 0, 4, 2, device=cuda))
+    cpu_errors = [(i, err) for i, _, err in (load_item(folder, model.image_transform, i) for i in range(len(folder)))
+                  if err]
+    assert [e for b in batches for e in b.errors] == cpu_errors and [i for i, _ in cpu_errors] == [3, 5]
+    assert [i for b in batches for i in b.indices.tolist()] == [0, 1, 2, 4]
