@@ -65,6 +65,52 @@ def test_hub_local_missing_folder_is_one_clear_error(tmp_path):
         parse_task_config(clip_cfg(tmp_path, [{"model_name": str(missing), "hub": "local"}]))
 
 
+# -- task options: every registered task's, as the eval flags --------------------------------------------------------
+
+def test_every_task_option_is_a_key_of_the_eval_section():
+    """Derived from the task registry, as the flags are: no option is listed by hand."""
+    from clipcache.flows.config.evalscope import EvalscopeEval
+    from clipcache.flows.config.params import EvaluateParams
+
+    options = {name for task in EvaluateParams.option_tasks for name in task.Options.model_fields}
+    assert options - {"batch_size"} <= set(EvalscopeEval.model_fields)  # batch_size: the run's, as on the CLI
+    assert {"ties", "fewshot_k", "knn_k", "caption_metrics", "probe_features"} <= set(EvalscopeEval.model_fields)
+
+
+def test_a_builtin_task_option_in_a_task_config_is_the_flags_value(tmp_path):
+    from clipcache.flows.cli.app import build_parser, params_from_args
+
+    [plain] = parse_task_config(clip_cfg(tmp_path, [{"model_name": "tiny-shapes-clip"}]))
+    [given] = parse_task_config(clip_cfg(tmp_path, [{"model_name": "tiny-shapes-clip"}], task="knn_classification",
+                                         knn_k=3, knn_weights="distance", fewshot_k=5, ties="stable"))
+    flags = params_from_args(build_parser("eval").parse_args([
+        "eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--task", "knn_classification", "--knn_k", "3",
+        "--knn_weights", "distance", "--fewshot_k", "5", "--ties", "stable", "--batch_size", "128"]))
+    assert given.option_values() == flags.option_values() != plain.option_values()
+    assert (given.knn_k, given.fewshot_k, given.ties) == (3, [5], "stable")  # one value of a swept option: a list
+    defaults = params_from_args(build_parser("eval").parse_args(["eval", "--model", "tiny-shapes-clip", "--dataset",
+                                                                 "shapes", "--batch_size", "128"]))  # evalscope's
+    assert plain.option_values() == defaults.option_values()  # the same experiments as before the keys existed
+
+
+@pytest.mark.parametrize(("keys", "line"), [
+    ({"knn_kk": 3}, "invalid configuration: eval_config.eval.knn_kk: unknown key"),
+    ({"knn_k": 0}, "invalid configuration: eval_config.eval.knn_k: Input should be greater than 0"),
+    ({"ties": "bogus"}, "invalid configuration: eval_config.eval.ties: Input should be 'topk' or 'stable', got "
+                        "'bogus'"),
+    ({"fewshot_k": [1, "a"]}, "invalid configuration: eval_config.eval.fewshot_k.1: Input should be a valid integer"),
+])
+def test_a_wrong_task_option_in_a_task_config_is_one_line_naming_it(tmp_path, capsys, keys, line):
+    from clipcache.flows.cli import main
+
+    path = tmp_path / "task_cfg.json"
+    path.write_text(json.dumps(clip_cfg(tmp_path, [{"model_name": "tiny-shapes-clip"}], **keys)))
+    assert main(["run", str(path)]) != 0
+    [shown] = capsys.readouterr().err.strip().splitlines()
+    assert line in shown and "Traceback" not in shown
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()  # nothing ran
+
+
 # -- tool: mteb ----------------------------------------------------------------------------------------------------
 
 SYNONYMS = {"red": "crimson", "green": "emerald", "blue": "navy", "yellow": "golden", "purple": "violet",

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from clipcache.flows.config.params import EvaluateParams
+from clipcache.storage.errors import ConfigError
 from clipcache.tasks.datasets import DATASETS
 from clipcache.tasks.evaluation import TASKS
 from clipcache.tasks.models import LOADERS
@@ -96,6 +97,27 @@ def test_a_new_task_with_options_touches_no_other_file(run_examples):
     assert cli_flags.stored_description() == cli_flags.live_description()
     flags = {s for a in cli_flags_parser()._actions for s in a.option_strings}
     assert "--image_knn_include_self" in flags
+
+
+def test_a_new_tasks_option_is_a_key_of_an_evalscope_task_config(run_examples, tmp_path):
+    """The task's option is settable from an evalscope config as from its flag, checked as the flag is."""
+    from clipcache.flows.config.evalscope import parse_task_config
+    from clipcache.tasks.contract import ScoreSettings
+
+    def config(**keys) -> dict:
+        return {"eval_config": {"tool": "clip_benchmark", "eval": {
+            "models": [{"model_name": "tiny-shapes-clip"}], "dataset_name": ["shapes"], "task": "image_knn", **keys}}}
+
+    with pytest.raises(ConfigError, match="eval_config.eval.image_knn_include_self: unknown key"):
+        parse_task_config(config(image_knn_include_self=True))  # not registered yet
+    run_examples("task-define")
+    task = TASKS.get("image_knn")()
+    for given, expected in ((config(), {}), (config(image_knn_include_self=True), {"image_knn_include_self": True})):
+        [params] = parse_task_config(given)
+        [options] = params.run_settings(cached_only=False).options.for_task(task.Options)
+        assert task.options(ScoreSettings(options=options)) == expected
+    with pytest.raises(ConfigError, match="eval_config.eval.image_knn_include_self: Input should be a valid boolean"):
+        parse_task_config(config(image_knn_include_self="sometimes"))
 
 
 def test_a_task_registered_in_the_process_joins_the_flows_parameter_schema(run_examples):

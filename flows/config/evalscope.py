@@ -6,25 +6,35 @@
 - top level ``work_dir`` / ``no_timestamp``: as in evalscope, results go to ``<work_dir>/<YYYYmmdd_HHMMSS>/``
   (``<work_dir>/`` with ``no_timestamp``) instead of the eval section's output folder.
 
-Unknown keys are an error naming the key (evalscope silently ignores them).
+Besides evalscope's keys, the clip_benchmark tool's ``eval`` section takes every registered task's options (built-in
+and from installed plugins: the run parameters flows/config/task_params.py derives from the task registry, with the
+same names, types, defaults and checks as the ``clipcache eval`` flags). Unknown keys are an error naming the key
+(evalscope silently ignores them).
 """
 
 from __future__ import annotations
 
 import json
+from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, create_model, field_validator
 
 from clipcache.flows.config.convert_params import CaptionModelSpec, ConvertParams
 from clipcache.flows.config.evalscope_common import WorkDir, tool_name
-from clipcache.flows.config.params import EvaluateParams, RetrievalMetric, known_task, validate
-from clipcache.flows.config.task_params import task_option
+from clipcache.flows.config.params import (
+    OPTION_TASKS,
+    SWEPT_OPTIONS,
+    EvaluateParams,
+    RetrievalMetric,
+    TaskOptionParams,
+    known_task,
+    validate,
+)
+from clipcache.flows.config.task_params import extended_model
 from clipcache.storage.errors import ConfigError, parse_problem
-from clipcache.tasks.contract import Ties
-from clipcache.tasks.evaluation.zeroshot_retrieval import ZeroShotRetrieval
 from clipcache.tasks.models.api_spec import ApiFields
 
 
@@ -60,7 +70,15 @@ class _EvalscopeCommon(BaseModel):
     offline: bool = False
 
 
-class EvalscopeEval(_EvalscopeCommon):
+# pydantic orders fields base by base from the last: evalscope's keys, then the task options (as EvaluateParams')
+class EvalscopeEval(TaskOptionParams, _EvalscopeCommon):
+    """evalscope's clip_benchmark ``eval`` section with clipcache's keys, and every built-in task's options; a run
+    with tasks registered besides clipcache's own validates with ``for_registry()``, which adds theirs."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    option_tasks: ClassVar[tuple[type, ...]] = OPTION_TASKS
+    swept_options: ClassVar[tuple[str, ...]] = SWEPT_OPTIONS
+
     models: list[EvalscopeModel] = Field(min_length=1)
     task: str = "auto"
     language: str | list[str] = "en"
@@ -71,7 +89,6 @@ class EvalscopeEval(_EvalscopeCommon):
     recall_k: list[PositiveInt] = Field(default_factory=lambda: [1, 5, 10], min_length=1)
     retrieval_metrics: list[RetrievalMetric] = Field(default_factory=lambda: list[RetrievalMetric](["recall"]),
                                                      min_length=1)
-    ties: Ties = task_option(ZeroShotRetrieval, "ties")
     amp: bool = False
     device: str = "auto"
     on_bad_image: Literal["error", "skip"] = "error"
@@ -110,6 +127,21 @@ class _CaptionEvalConfig(BaseModel):
 
 class EvalscopeTaskConfig(WorkDir):
     eval_config: EvalscopeEvalConfig
+
+    @classmethod
+    def for_registry(cls) -> type[EvalscopeTaskConfig]:
+        """This model, its ``eval`` section taking the options of every task registered besides clipcache's own."""
+        return _config_model(extended_model(EvalscopeEval))
+
+
+@cache
+def _config_model(section: type[EvalscopeEval]) -> type[EvalscopeTaskConfig]:
+    if section is EvalscopeEval:
+        return EvalscopeTaskConfig
+    eval_config: Any = create_model("EvalscopeEvalConfig", __base__=EvalscopeEvalConfig, __module__=__name__,
+                                    eval=(section, ...))
+    return create_model("EvalscopeTaskConfig", __base__=EvalscopeTaskConfig, __module__=__name__,
+                        eval_config=(eval_config, ...))
 
 
 def load_task_config(source: dict[str, Any] | str | Path) -> dict[str, Any]:
@@ -158,10 +190,10 @@ def parse_task_config(task_cfg: dict[str, Any] | str | Path) -> list[EvaluatePar
 
 def to_evaluate_params(task_cfg: dict[str, Any] | str | Path) -> EvaluateParams:
     data = load_task_config(task_cfg)
-    cfg: EvalscopeTaskConfig = validate(EvalscopeTaskConfig, data)
+    cfg: EvalscopeTaskConfig = validate(EvalscopeTaskConfig.for_registry(), data)
     ev = cfg.eval_config.eval
     fields = ev.model_dump(exclude={"models", "dataset_name", "data_dir"})
-    return validate(EvaluateParams, {
+    return validate(EvaluateParams.for_registry(), {
         **fields,
         "models": [m.model_dump() for m in ev.models],
         "datasets": ev.dataset_name,

@@ -243,21 +243,6 @@ class EvaluateParams(RunExecution, TaskOptionParams, RunInputs):
         raise ValueError(f"{value!r}: only normalised features can be probed (the cache holds L2-normalised "
                          f"embeddings, clip_benchmark's default --normalize True)")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _one_or_several_values(cls, data: Any) -> Any:
-        """A swept option (``--fewshot_k 1 5``) takes one value or a list."""
-        if isinstance(data, dict):
-            return {k: [v] if k in cls.swept_options and isinstance(v, (int, float, str)) else v
-                    for k, v in data.items()}
-        return data
-
-    @model_validator(mode="after")
-    def _distinct_values(self) -> EvaluateParams:
-        for name in self.swept_options:
-            setattr(self, name, list(dict.fromkeys(getattr(self, name))))
-        return self
-
     @model_validator(mode="after")
     def _annotation_file_used(self) -> EvaluateParams:
         """clip_benchmark's --annotation_file replaces a caption set's caption file; any other dataset would

@@ -5,7 +5,7 @@ parameter), with the field's own type, default, constraints and help. Nothing he
 - Options of several tasks that share a name share one parameter; they must be declared alike (type, default,
   constraints, swept or not), and its help names every task that reads it.
 - An option named like a run-wide parameter (``batch_size``) takes the run's value.
-- A swept option (``TaskOptions.swept``) takes a list of values: one experiment per value.
+- A swept option (``TaskOptions.swept``) takes a list of values, or one value: one experiment per distinct value.
 
 clipcache's own tasks give ``EvaluateParams`` its option fields (flows/config/params.py), in the order the tasks are
 registered; tasks registered besides them (installed plugins' entry points, or ``TASKS.register`` in the process)
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from copy import copy
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
-from pydantic import BaseModel, Field, create_model, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, create_model, model_validator
 from pydantic.fields import FieldInfo
 
 from clipcache.storage.errors import ClipcacheError, ConfigError
@@ -54,6 +54,14 @@ def _declaration(info: FieldInfo, swept: bool) -> tuple[Any, ...]:
     return info.annotation, info.default, info.default_factory, repr(info.metadata), swept
 
 
+def _one_or_several(value: Any) -> Any:
+    return [value] if isinstance(value, (int, float, str)) else value  # --fewshot_k 5, or fewshot_k: 5 in a config
+
+
+def _distinct(values: list[Any]) -> list[Any]:
+    return list(dict.fromkeys(values))
+
+
 def option_parameters(tasks: Iterable[type[EvalTask]], taken: Iterable[str] = ()) -> dict[str, tuple[Any, Any]]:
     """``create_model`` fields: one run parameter per option of ``tasks`` (in their order, each task's fields in
     theirs), leaving out the names in ``taken`` (run-wide parameters, or options already parameters)."""
@@ -76,7 +84,8 @@ def option_parameters(tasks: Iterable[type[EvalTask]], taken: Iterable[str] = ()
         readers = ", ".join(t.name for t in (first, *also))
         if swept:
             several = first.Options.swept[name]
-            fields[name] = (list[info.annotation],  # type: ignore[name-defined]
+            values = list[info.annotation]  # type: ignore[name-defined]
+            fields[name] = (Annotated[values, BeforeValidator(_one_or_several), AfterValidator(_distinct)],
                             Field(default_factory=lambda d=info.default: [d], min_length=1,
                                   description=f"{readers}: {info.description}; {several}"))
         else:
@@ -128,9 +137,3 @@ def extended_model(base: Any) -> Any:
         _EXTENDED[key] = model
     return _EXTENDED[key]
 
-
-def task_option(task: type[EvalTask], name: str) -> Any:
-    """The field ``name`` of ``task``'s Options as a parameter of another model (evalscope's ``ties``)."""
-    info = copy(task.Options.model_fields[name])
-    info.description = f"{task.name}: {info.description}"
-    return info
