@@ -305,7 +305,7 @@ def test_a_plugin_option_declared_unlike_a_builtin_one_is_one_line(tmp_path_fact
 
 
 def test_a_plugin_tasks_options_are_in_deployment_schemas_and_reach_the_task(tmp_path_factory, tmp_path):
-    """Prefect deployments of the evaluate / rescore flows, built every way clipcache builds them (prefect.yaml
+    """Prefect deployments of the evaluate / rescore flows (and the nightly suite's overrides), built every way clipcache builds them (prefect.yaml
     through `runner_deployments`, as `clipcache serve` does; a flow loaded from its entrypoint with Prefect's
     `parameter_schema`, as `prefect deploy` does), carry a plugin task's option in their parameter schema; the
     schema check the Prefect server makes (enforce_parameter_schema) accepts a run with it, and Prefect's own
@@ -347,12 +347,22 @@ def test_a_plugin_tasks_options_are_in_deployment_schemas_and_reach_the_task(tmp
             validate({"params": given}, schema.model_dump(), raise_on_error=True)  # the server's check
             found[name] = [model["properties"]["image_knn_include_self"]["description"],
                            model["additionalProperties"]]
+        nightly = deployments["nightly"]._parameter_openapi_schema.model_dump()  # the suite's overrides
+        validate({"params": {"suite": "suite.yaml", "overrides": {"image_knn_include_self": True}}}, nightly,
+                 raise_on_error=True)
+        overrides = nightly["definitions"]["SuiteOverrides"]
+        found["nightly"] = [overrides["properties"]["image_knn_include_self"]["description"],
+                            overrides["additionalProperties"]]
+        suite_flow = load_flow_from_entrypoint("clipcache.flows.orchestration.flows:evaluate_suite")
+        suite = suite_flow.validate_parameters({"params": {"suite": "suite.yaml", "overrides": {
+            "task": "image_knn", "image_knn_include_self": True}}})["params"]
         flow = load_flow_from_entrypoint("clipcache.flows.orchestration.flows:evaluate")
         params = flow.validate_parameters({"params": given})["params"]  # what a worker does before the flow runs
         from clipcache.flows.config.params import EvaluateParams  # docs/production.md's call still validates
         plain = flow.validate_parameters({"params": EvaluateParams(models=given["models"], datasets=["shapes"])})
         found["plain"] = [type(plain["params"]) is type(params), plain["params"].image_knn_include_self]
-        for params in (params, load_suite("suite.yaml", {"task": "image_knn", "image_knn_include_self": True})):
+        for params in (params, load_suite("suite.yaml", {"task": "image_knn", "image_knn_include_self": True}),
+                       load_suite(suite.suite, suite.overrides)):
             [options] = params.run_settings(cached_only=False).options.for_task(task.Options)
             found.setdefault("reached", []).append(task.options(ScoreSettings(options=options)))
         print(json.dumps(found))
@@ -363,5 +373,5 @@ def test_a_plugin_tasks_options_are_in_deployment_schemas_and_reach_the_task(tmp
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     described = ["image_knn: count each image among its own k neighbours", False]
-    assert found == {"knn": described, "knn-rescore": described, "prefect deploy": described, "plain": [True, False],
-                     "reached": [{"image_knn_include_self": True}] * 2}
+    assert found == {"knn": described, "knn-rescore": described, "prefect deploy": described, "nightly": described,
+                     "plain": [True, False], "reached": [{"image_knn_include_self": True}] * 3}

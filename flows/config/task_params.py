@@ -116,7 +116,8 @@ def _from_another_registry(cls: Any, data: Any) -> Any:
     return data
 
 
-_FROM_ANOTHER: Any = model_validator(mode="before")(_from_another_registry)  # a classmethod (its first argument: cls)
+# a classmethod (its first argument: cls); flows/orchestration/deployments.py's registry models take it too
+FROM_ANOTHER_REGISTRY: Any = model_validator(mode="before")(_from_another_registry)
 
 
 def extended_model(base: Any) -> Any:
@@ -131,7 +132,7 @@ def extended_model(base: Any) -> Any:
         if not fields and not extra:
             return base
         model = cast(Any, create_model(base.__name__, __base__=base, __module__=base.__module__,
-                                       __validators__={"_from_another_registry": _FROM_ANOTHER}, **fields))
+                                       __validators__={"_from_another_registry": FROM_ANOTHER_REGISTRY}, **fields))
         model.option_tasks = tuple(known)
         model.swept_options = swept_names(known)
         _EXTENDED[key] = model

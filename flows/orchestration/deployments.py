@@ -18,17 +18,69 @@ editing the file changes the next nightly run without redeploying.
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from clipcache.flows.config.evalscope import load_task_config, to_evaluate_params
 from clipcache.flows.config.params import EvaluateParams, validate
+from clipcache.flows.config.task_params import FROM_ANOTHER_REGISTRY as _FROM_ANOTHER
 from clipcache.storage.errors import ConfigError, parse_problem
 
 DEFAULT_PREFECT_FILE = "prefect.yaml"
+
+
+def _overrides_fields(params: Any, names: Any) -> dict[str, Any]:
+    """``create_model`` fields: the parameters ``names`` of ``params``, each optional (left out: the suite's value),
+    with its type, constraints and help."""
+    fields: dict[str, Any] = {}
+    for name in names:
+        info = params.model_fields[name]
+        annotation = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+        fields[name] = (annotation, Field(None, description=info.description))
+    return fields
+
+
+def _field_checks(params: Any) -> dict[str, Any]:
+    """The field validators of ``params`` (a bare language, a known task, a plain split, ...), for the same fields."""
+    return {name: field_validator(*d.info.fields, mode=d.info.mode)(d.func.__func__)
+            for name, d in params.__pydantic_decorators__.field_validators.items()}
+
+
+# every EvaluateParams parameter, optional, with its field checks (a base of SuiteOverrides, as the task options of
+# EvaluateParams)
+_OverrideFields: Any = create_model("SuiteOverrideFields", __module__=__name__,
+                                    __validators__=_field_checks(EvaluateParams),
+                                    **_overrides_fields(EvaluateParams, EvaluateParams.model_fields))
+
+
+class SuiteOverrides(_OverrideFields):
+    """A suite run's overrides (``evaluate-suite``'s ``params.overrides``): any ``EvaluateParams`` parameter, each
+    checked as that field is (type, constraints, field validators); a run's checks across fields (known datasets,
+    models, task options) run with the suite's parameters when the run starts. Derived from ``EvaluateParams``, task
+    options included; ``for_registry()`` adds the options of tasks registered besides clipcache's own."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    @classmethod
+    def for_registry(cls) -> type[SuiteOverrides]:
+        return _registry_overrides(EvaluateParams.for_registry())
+
+    def given(self) -> dict[str, Any]:
+        """The parameters given, as validated."""
+        return self.model_dump(exclude_unset=True)
+
+
+@cache
+def _registry_overrides(params: type[EvaluateParams]) -> type[SuiteOverrides]:
+    if params is EvaluateParams:
+        return SuiteOverrides
+    extra = [name for name in params.model_fields if name not in EvaluateParams.model_fields]
+    return create_model("SuiteOverrides", __base__=SuiteOverrides, __module__=__name__,
+                        __validators__={"_from_another_registry": _FROM_ANOTHER}, **_overrides_fields(params, extra))
 
 
 class SuiteParams(BaseModel):
@@ -38,17 +90,32 @@ class SuiteParams(BaseModel):
 
     suite: str = Field("suites/nightly.yaml", description="YAML/JSON file with the evaluate flow's parameters, or "
                                                           "an evalscope task config")
-    overrides: dict[str, Any] = Field(default_factory=dict, description="parameters replacing the suite's, e.g. "
-                                                                        "{limit: 100}")
+    overrides: SuiteOverrides = Field(default_factory=SuiteOverrides, description="parameters replacing the "
+                                      "suite's, e.g. {limit: 100}")
+
+    @classmethod
+    def for_registry(cls) -> type[SuiteParams]:
+        """This model, its overrides taking the options of every task registered besides clipcache's own."""
+        return _registry_suite(SuiteOverrides.for_registry())
 
 
-def load_suite(path: str | Path, overrides: dict[str, Any] | None = None) -> EvaluateParams:
+@cache
+def _registry_suite(overrides: type[SuiteOverrides]) -> type[SuiteParams]:
+    if overrides is SuiteOverrides:
+        return SuiteParams
+    return create_model("SuiteParams", __base__=SuiteParams, __module__=__name__,
+                        __validators__={"_from_another_registry": _FROM_ANOTHER},
+                        overrides=(overrides, Field(default_factory=overrides, description=SuiteParams.model_fields[
+                            "overrides"].description)))
+
+
+def load_suite(path: str | Path, overrides: SuiteOverrides | dict[str, Any] | None = None) -> EvaluateParams:
     data = load_task_config(str(path))
+    given = overrides.given() if isinstance(overrides, SuiteOverrides) else overrides or {}
     if "eval_config" in data:
         params = to_evaluate_params(data)
-        return validate(EvaluateParams.for_registry(), {**params.model_dump(), **(overrides or {})},
-                        prefix=f"{path}: ")
-    return validate(EvaluateParams.for_registry(), {**data, **(overrides or {})}, prefix=f"{path}: ")
+        return validate(EvaluateParams.for_registry(), {**params.model_dump(), **given}, prefix=f"{path}: ")
+    return validate(EvaluateParams.for_registry(), {**data, **given}, prefix=f"{path}: ")
 
 
 def read_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE) -> list[dict[str, Any]]:
@@ -74,7 +141,8 @@ def read_deployments(prefect_file: str | Path = DEFAULT_PREFECT_FILE) -> list[di
 
 def with_registry_options(flow_obj: Any) -> Any:
     """``flow_obj`` with its ``EvaluateParams`` parameter (the evaluate and rescore flows') typed as the registry's
-    model, ``EvaluateParams.for_registry()``: the options of tasks from installed plugins are parameters too. Prefect
+    model, ``EvaluateParams.for_registry()``, and its ``SuiteParams`` one (evaluate-suite's) as
+    ``SuiteParams.for_registry()``: the options of tasks from installed plugins are parameters too. Prefect
     builds a deployment's parameter schema from the flow's signature (``to_deployment``, ``serve``, ``prefect
     deploy``) and validates a run's parameters against it, so the signature must name that model; flows.py applies
     this when it is imported, which is when a deployment, worker or ``serve`` loads its entrypoint. Other flows are
@@ -85,9 +153,15 @@ def with_registry_options(flow_obj: Any) -> Any:
 
     fn = flow_obj.fn
     signature = inspect.signature(fn, eval_str=True)
-    model = EvaluateParams.for_registry()
-    parameters = [p.replace(annotation=model) if isinstance(p.annotation, type) and issubclass(p.annotation,
-                  EvaluateParams) and p.annotation is not model else p for p in signature.parameters.values()]
+    models = [(EvaluateParams, EvaluateParams.for_registry()), (SuiteParams, SuiteParams.for_registry())]
+
+    def retyped(p: inspect.Parameter) -> inspect.Parameter:
+        for base, model in models:
+            if isinstance(p.annotation, type) and issubclass(p.annotation, base) and p.annotation is not model:
+                return p.replace(annotation=model)
+        return p
+
+    parameters = [retyped(p) for p in signature.parameters.values()]
     if parameters != list(signature.parameters.values()):
         fn.__signature__ = signature.replace(parameters=parameters)
         flow_obj.parameters = parameter_schema(fn)

@@ -48,19 +48,19 @@ def rescore(params: EvaluateParams) -> list[PairResult]:
     return run_pairs(params, cached_only=True)
 
 
-# The parameter schema of evaluate and rescore deployments, and what their runs validate against, includes the options
-# of tasks from installed plugins (the registry's model, read when this module is loaded by a deployment or worker).
-# A plugin option declared unlike a built-in one leaves the plain model here, so that the other flows still load;
-# every evaluate run, and `clipcache serve`, names the clash in one line.
-for _flow in (evaluate, rescore):
-    with contextlib.suppress(ClipcacheError):
-        with_registry_options(_flow)
-
-
 @flow(name="evaluate-suite", flow_run_name="suite-{params.suite}", validate_parameters=True, log_prints=False)
 def evaluate_suite(params: SuiteParams) -> list[PairResult]:
     """Evaluate every (model, dataset) pair of a suite file: encode what the cache lacks, score, write results."""
     return run_pairs(load_suite(params.suite, params.overrides), cached_only=False)
+
+
+# The parameter schema of evaluate, rescore and evaluate-suite deployments (the suite's overrides), and what their runs
+# validate against, includes the options of tasks from installed plugins (the registry's models, read when this module
+# is loaded by a deployment or worker). A plugin option declared unlike a built-in one leaves the plain models here, so
+# that the other flows still load; every evaluate run, and `clipcache serve`, names the clash in one line.
+for _flow in (evaluate, rescore, evaluate_suite):
+    with contextlib.suppress(ClipcacheError):
+        with_registry_options(_flow)
 
 
 @flow(name="convert", flow_run_name="convert-{params.datasets[0]}", validate_parameters=True, log_prints=False)
