@@ -119,11 +119,13 @@ class SampleUnit:
     """One kind of per-sample row a task writes to the warehouse's ``samples`` table (``EvalTask.samples``): the
     ``unit`` it is written as (a name, or a pattern whose ``<placeholder>`` stands for a word: ``caption_<metric>``),
     the columns of ``SAMPLE_SCHEMA`` (storage/results.py) its rows fill besides ``sample_index`` and
-    ``sample_key``, and what a row is. A row's columns not filled are null."""
+    ``sample_key``, and what a row is. A row's columns not filled are null. ``recomputes``: which of the task's
+    metrics the unit's rows recompute, and how (docs/results.md's table; tests/test_evidence_*.py recompute them)."""
 
     unit: str
     columns: tuple[str, ...]
     meaning: str
+    recomputes: str = ""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9_]*(<[a-z_]+>[a-z0-9_]*)?", self.unit) or not self.unit:

@@ -1,6 +1,6 @@
-"""The docs' tables of task options (docs/cli.md), metrics (docs/metrics.md) and sample rows (docs/results.md),
-generated from the task registry (each built-in task's ``Options``, ``metrics`` and ``samples``, and the metrics
-every run may report) between marker comments.
+"""The docs' tables of task options (docs/cli.md), metrics (docs/metrics.md), sample rows and the metrics they
+recompute (docs/results.md), generated from the task registry (each built-in task's ``Options``, ``metrics`` and
+``samples``, and the metrics every run may report) between marker comments.
 tests/test_task_options.py holds them equal to the registry. After adding or changing a built-in task, its options
 or its metrics, the command that rewrites flows/cli/eval_flags.json rewrites these too:
 
@@ -72,8 +72,17 @@ def samples_table() -> str:
     return "\n".join(rows)
 
 
+def recomputed_table() -> str:
+    from clipcache.flows.config.task_params import builtin_tasks
+
+    rows = ["| task | unit | recomputes |", "|---|---|---|"]
+    for task in builtin_tasks():
+        rows += [f"| {task.name} | `{spec.unit}` | {_cell(spec.recomputes)} |" for spec in task.samples if spec.recomputes]
+    return "\n".join(rows)
+
+
 TABLES = {"task options": ("cli.md", options_table), "metrics": ("metrics.md", metrics_table),
-          "sample rows": ("results.md", samples_table)}
+          "sample rows": ("results.md", samples_table), "recomputed metrics": ("results.md", recomputed_table)}
 
 
 def block(what: str, table: str) -> str:

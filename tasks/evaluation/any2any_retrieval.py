@@ -26,7 +26,7 @@ from clipcache.tasks.evaluation.base import (
     Scored,
     ScoreSettings,
 )
-from clipcache.tasks.evaluation.common import RANKED_QUERY, RELEVANT_DOC
+from clipcache.tasks.evaluation.common import RECOMPUTING_DOC, RECOMPUTING_QUERY
 from clipcache.tasks.score.metrics import RANKING_METRICS
 
 if TYPE_CHECKING:  # numpy and the reader load when a run uses the task, not when options are read
@@ -48,7 +48,7 @@ class Any2AnyRetrieval(EvalTask["Any2AnyData"]):
     reads = ("any2any",)
     main_metrics = (("ndcg", 10, "ndcg@10", 1),)
     metrics = RANKING_METRICS
-    samples = (RANKED_QUERY, RELEVANT_DOC)
+    samples = (RECOMPUTING_QUERY, RECOMPUTING_DOC)
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[Any2AnyData]:
         from clipcache.tasks.evaluation.common import dataset_root

@@ -70,7 +70,10 @@ class Captioning(EvalTask["EvalDataset"]):
     samples = (
         SampleUnit("caption_<metric>", ("value", "caption", "reference_captions"), "an image: the metric's "
                                                                                    "per-image value, its caption "
-                                                                                   "and references"),
+                                                                                   "and references",
+                   recomputes="`CIDEr`, `ROUGE_L`, `SPICE`, `clipscore`, `refclipscore` = `avg(value)` of their unit "
+                              "(`caption_cider`, `caption_rouge_l`, ...); corpus BLEU and METEOR are not means of "
+                              "their rows (docs/captioning.md)"),
         SampleUnit("caption", ("caption", "reference_captions"), "an image's caption and references (no metric "
                                                                  "with per-image values was asked for)"),
     )

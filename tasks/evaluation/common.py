@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, SupportsInt, TypeVar
 
@@ -34,6 +35,10 @@ RANKED_QUERY = SampleUnit("query", ("target", "rank", "score", "top", "hits_at",
 RELEVANT_DOC = SampleUnit("relevant_doc", ("target", "rank", "score", "value"),
                           "a judged relevant document of a query (sample_index, sample_key: the query's): target the "
                           "document, its rank and score, value its gain; in rank order within the query")
+# Text and any-to-any retrieval recompute every metric from these rows (tests/test_evidence_retrieval.py)
+RECOMPUTING_QUERY = replace(RANKED_QUERY, recomputes="`mrr@k`, as from the `relevant_doc` rows")
+RECOMPUTING_DOC = replace(RELEVANT_DOC, recomputes="every `ndcg@k`, `map@k`, `recall@k`, `precision@k`, `mrr@k` "
+                                                   "(`tasks/score/text_retrieval.py: per_query_metrics`)")
 # storage/sample_metadata.py's LINK_UNIT, named here without importing pyarrow (the writer's check holds them equal)
 METADATA_LINK = SampleUnit("metadata", (), "one row naming the per-sample metadata the group metrics were computed "
                                            "over (sample_key: its dataset id; storage/sample_metadata.py)")

@@ -58,8 +58,11 @@ class ImageCaptionSelection(EvalTask["SelectionDataset"]):
         SampleUnit(unit, ("correct1", "tied", "margin"), f"an item (sample_key: SugarCrepe's or Winoground's id): "
                                                          f"correct1 its {score}, tied whether a tied maximum "
                                                          f"decided it, margin its smallest gap to a rival (NaN "
-                                                         f"without one: SugarCrepe's image side)")
-        for unit, score in (("item", "group outcome"), ("item_text", "text outcome"), ("item_image", "image outcome")))
+                                                         f"without one: SugarCrepe's image side)",
+                   recomputes=f"`{metric}` = `avg(correct1)::FLOAT` (clip_benchmark averages in float32){more}")
+        for unit, score, metric, more in (
+            ("item", "group outcome", "acc", "; `tied_queries` of `acc` = the rows' `tied`"),
+            ("item_text", "text outcome", "text_acc", ""), ("item_image", "image outcome", "image_acc", "")))
 
     def prepare(self, source: DataSource, prompts: PromptSettings,
                 progress: StageProgress) -> Prepared[SelectionDataset]:

@@ -39,7 +39,8 @@ class ImageClustering(ProbeTask):
         MetricInfo("image_clustering_ari", True, False, "k-means clusters vs classes: adjusted Rand index"),
     )
     samples = (SampleUnit("image", ("target", "prediction"), "an image: target its class, prediction its k-means "
-                                                             "cluster"),)
+                                                             "cluster",
+                          recomputes="NMI and ARI = scikit-learn's scores of (`target`, `prediction`)"),)
 
     class Options(SeededOptions):
         """``seed``: k-means' random_state."""

@@ -37,8 +37,10 @@ class LinearProbe(ProbeTask):
                                          "highest logits"),
         MetricInfo("lp_mean_per_class_recall", True, False, "linear probe: balanced accuracy of the probe's argmax"),
     )
-    samples = (SampleUnit("image", CLASSIFIED_IMAGE, "a test image, with the columns of zero-shot "
-                                                     "classification from the probe's logits"),)
+    samples = (SampleUnit("image", CLASSIFIED_IMAGE, "a test image, with the columns of zero-shot classification "
+                                                     "from the probe's logits",
+                          recomputes="`lp_acc1` / `lp_acc5` = `avg(correct1)` / `avg(correct5)`, "
+                                     "`lp_mean_per_class_recall` = balanced accuracy of `prediction`"),)
 
     class Options(TaskOptions):
         """clip_benchmark's flags of the same names, with its defaults, in its order. ``seed`` (SeededOptions')

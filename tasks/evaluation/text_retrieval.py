@@ -19,7 +19,7 @@ from clipcache.tasks.evaluation.base import (
     Scored,
     ScoreSettings,
 )
-from clipcache.tasks.evaluation.common import RANKED_QUERY, RELEVANT_DOC
+from clipcache.tasks.evaluation.common import RECOMPUTING_DOC, RECOMPUTING_QUERY
 from clipcache.tasks.score.metrics import RANKING_METRICS
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class TextRetrieval(EvalTask["BeirData"]):
     reads = ("text",)
     main_metrics = (("ndcg", 10, "ndcg@10", 1),)
     metrics = RANKING_METRICS
-    samples = (RANKED_QUERY, RELEVANT_DOC)
+    samples = (RECOMPUTING_QUERY, RECOMPUTING_DOC)
 
     def prepare(self, source: DataSource, prompts: PromptSettings, progress: StageProgress) -> Prepared[BeirData]:
         from clipcache.tasks.evaluation.common import dataset_root

@@ -56,7 +56,9 @@ class ZeroShotClassification(EvalTask["EvalDataset"]):
                                               "first), correct1 / correct5 (what acc1 / acc5 count), its class's "
                                               "logit, rank, tie and margin over the best other class"),
         SampleUnit("class", ("target", "value"), "multilabel datasets: a class (sample_index and target its id, "
-                                                 "sample_key its name), value its average precision"),
+                                                 "sample_key its name), value its average precision",
+                   recomputes="`mean_average_precision` = the float32 mean of `value` (torch's, as clip_benchmark's "
+                              "APMeter; `avg(value)` agrees to ~1e-7)"),
         METADATA_LINK,  # DataComp's grouped datasets
     )
 

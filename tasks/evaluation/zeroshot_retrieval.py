@@ -56,13 +56,19 @@ class ZeroShotRetrieval(EvalTask["EvalDataset"]):
                      f"position; null for an image without captions), rank 1 + its rank under the stable rule, "
                      f"score its score, top the 3 best candidates (equal scores: lower index first), hits_at / "
                      f"correct1 / correct5 its hit at each requested k under --ties, tied whether a tie across the "
-                     f"cut-off decided one")
-          for unit, what in (("text_query", "a caption (text->image; sample_index: its place in the dataset's "
-                                            "caption order)"),
-                             ("image_query", "an image (image->text)"))],
+                     f"cut-off decided one",
+                     recomputes=f"`{d}_retrieval_recall@k` = `count_if(list_contains(hits_at, k))::FLOAT / "
+                                f"count(*)::FLOAT` (clip_benchmark's float32 mean); `{d}_retrieval_mrr@k`, "
+                                f"`{d}_retrieval_mean_rank`, `{d}_retrieval_median_rank`{ndcg} from `rank`")
+          for unit, what, d, ndcg in (
+              ("text_query", "a caption (text->image; sample_index: its place in the dataset's caption order)",
+               "image", " and `image_retrieval_ndcg@k`"),
+              ("image_query", "an image (image->text)", "text", ""))],
         SampleUnit("image_caption", ("target", "rank"), "with --retrieval_metrics ndcg: a caption of an image "
                                                         "(sample_index the image, target the caption), rank its rank "
-                                                        "in the image's ranking"),
+                                                        "in the image's ranking",
+                   recomputes="image->text `text_retrieval_ndcg@k` (`tasks/score/retrieval.py: ndcg_values`, "
+                              "captions in caption order)"),
     )
 
     class Options(TaskOptions):
