@@ -23,6 +23,10 @@ from clipcache.storage.paths import AnyPath, as_path
 # The fields that identify an experiment; `pretrained` (a readable label) and `default_prompts` (derived) are not.
 IDENTITY_FIELDS = ("model", "checkpoint", "dataset", "split", "language", "task", "precision", "sample_limit",
                    "prompts", "options")
+# The unit of the one sample row that links an experiment to the per-sample metadata it was scored with
+# (storage/sample_metadata.py; the tasks declare it as tasks/evaluation/common.py's METADATA_LINK). Here, not there:
+# the tasks' declarations are read without importing pyarrow.
+LINK_UNIT = "metadata"
 _UNSAFE = re.compile(r"[^\w.@+=-]+")
 
 

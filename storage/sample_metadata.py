@@ -12,8 +12,9 @@ integer the dataset stores, DataComp's and WILDS' group index) and ``label`` (th
 one: ``Asia``, ``2016``; null otherwise).
 
 An experiment's sample rows name the metadata they were scored with in one row of unit ``metadata``
-(``sample_key`` = ``dataset_id``, written with the run's other sample rows and committed by its run row), so a
-model evaluated later on the same data joins the same metadata, and data that changed never joins the old one.
+(``storage.experiment.LINK_UNIT``; ``sample_key`` = ``dataset_id``, written with the run's other sample rows and
+committed by its run row), so a model evaluated later on the same data joins the same metadata, and data that
+changed never joins the old one.
 The view ``sample_metadata`` (registered by :func:`register_view`, called by ``open_warehouse``) reads the files.
 """
 
@@ -37,7 +38,6 @@ if TYPE_CHECKING:  # DuckDB is imported where a view is registered: the dataset 
     import duckdb
 
 TABLE = "sample_metadata"
-LINK_UNIT = "metadata"  # the unit of the one sample row that names an experiment's metadata
 SCHEMA_VERSION = 1
 METADATA_SCHEMA = pa.schema([
     ("dataset_id", pa.string()),

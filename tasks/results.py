@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -19,7 +20,7 @@ from clipcache.storage.naming import path_component, template_problem
 from clipcache.storage.paths import AnyPath, as_path, is_remote
 from clipcache.storage.results import json_safe_metrics, write_json, write_metric_rows, write_sample_rows
 from clipcache.tasks.models.spec import ModelSpec
-from clipcache.tasks.score.metrics import split_metric_name
+from clipcache.tasks.score.metrics import MetricInfo, split_metric_name
 
 if TYPE_CHECKING:  # numpy stays out of the CLI's start-up
     from clipcache.tasks.score.evidence import Evidence
@@ -115,16 +116,20 @@ def _owner(path: AnyPath) -> str | None:
 
 def metric_rows(run: RunInfo, experiment: Experiment, *, model_fingerprint: str, metrics: dict[str, float],
                 tied: dict[str, int], n_samples: int, cache_keys: list[str],
-                intervals: dict[str, tuple[float | None, float | None]] | None = None) -> list[dict]:
+                intervals: dict[str, tuple[float | None, float | None]] | None = None,
+                catalog: Mapping[str, MetricInfo] | None = None) -> list[dict]:
+    """``catalog``: the metrics the task declares, as :func:`check_declared` returned it (default: built here)."""
     intervals = intervals or {}
     common = {"run_id": run.run_id, "created_at": run.created_at, **experiment.columns(),
               "model_fingerprint": model_fingerprint, "n_samples": n_samples, "cache_keys": cache_keys,
               "clipcache_version": clipcache_version()}
-    from clipcache.tasks.evaluation import metric_catalog
+    if catalog is None:
+        from clipcache.tasks.evaluation import metric_catalog
 
-    known, rows = metric_catalog([experiment.task]), []  # the metrics this task declares (check_declared)
+        catalog = metric_catalog([experiment.task])  # the metrics this task declares
+    rows = []
     for flat, value in metrics.items():
-        info, k = split_metric_name(flat, known)
+        info, k = split_metric_name(flat, catalog)
         rows.append({**common, "metric": info.name, "k": k, "higher_is_better": info.higher_is_better,
                      "value": None if value is None or (isinstance(value, float) and math.isnan(value)) else
                      float(value), "tied_queries": tied.get(flat),
@@ -164,9 +169,9 @@ def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, *,
     metrics' intervals (in the JSON and the metric rows)."""
     dumps = dumps or {}
     intervals = evidence.all_intervals() if evidence is not None else {}
-    check_declared(experiment.task, metrics, evidence)  # a metric or sample row not declared writes nothing
+    catalog = check_declared(experiment.task, metrics, evidence)  # a metric or sample row not declared writes nothing
     rows = metric_rows(run, experiment, model_fingerprint=model_fingerprint, metrics=metrics, tied=tied,
-                       n_samples=n_samples, cache_keys=cache_keys, intervals=intervals)
+                       n_samples=n_samples, cache_keys=cache_keys, intervals=intervals, catalog=catalog)
     paths: list[Path] = []
     for part in evidence.parts() if evidence is not None else []:
         if part.columns:
@@ -200,10 +205,11 @@ def write_pair_results(run: RunInfo, spec: ModelSpec, experiment: Experiment, *,
     return paths
 
 
-def check_declared(task: str, metrics: dict[str, float], evidence: Evidence | None) -> None:
+def check_declared(task: str, metrics: dict[str, float], evidence: Evidence | None) -> dict[str, MetricInfo]:
     """What a task's ``score`` returned is what it declares: every metric (``EvalTask.metrics``, or every run's) and
     every sample row's unit and column (``EvalTask.samples``); a ``ResultsError`` in one line otherwise.
-    ``evaluate_one`` checks it too, so every test that scores a task holds the task to its declarations."""
+    ``evaluate_one`` checks it too, so every test that scores a task holds the task to its declarations. Returns
+    the task's metric catalog it checked against (what :func:`metric_rows` names the metrics by)."""
     from clipcache.tasks.evaluation import metric_catalog
 
     known = metric_catalog([task])
@@ -215,6 +221,7 @@ def check_declared(task: str, metrics: dict[str, float], evidence: Evidence | No
                                f"(EvalTask.metrics)") from None
     if evidence is not None:
         check_sample_rows(task, evidence)
+    return known
 
 
 def check_sample_rows(task: str, evidence: Evidence) -> None:

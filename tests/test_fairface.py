@@ -14,8 +14,9 @@ import torch
 
 from clipcache import connect
 from clipcache.storage.embedding_store import EmbeddingStore
+from clipcache.storage.experiment import LINK_UNIT
 from clipcache.storage.hashing import FileHashMemo
-from clipcache.storage.sample_metadata import LINK_UNIT, SampleMetadata
+from clipcache.storage.sample_metadata import SampleMetadata
 from clipcache.storage.text_pool import TextPool
 from clipcache.tasks.suites import groups
 from clipcache.tasks.suites.face_attributes import face_metrics

@@ -17,7 +17,8 @@ from sklearn.metrics import f1_score
 
 from clipcache import connect
 from clipcache.storage.errors import DatasetError
-from clipcache.storage.sample_metadata import LINK_UNIT, SampleMetadata
+from clipcache.storage.experiment import LINK_UNIT
+from clipcache.storage.sample_metadata import SampleMetadata
 from clipcache.tasks.datasets import open_dataset
 from clipcache.tasks.datasets.datacomp.group_layouts import group_layouts
 from clipcache.tasks.suites import groups, load_suite

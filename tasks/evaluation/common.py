@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, SupportsInt, TypeVar
 
 from clipcache.storage.errors import ConfigError, DatasetError
+from clipcache.storage.experiment import LINK_UNIT
 from clipcache.tasks.contract import (
     DataSource,
     Encoded,
@@ -39,9 +40,8 @@ RELEVANT_DOC = SampleUnit("relevant_doc", ("target", "rank", "score", "value"),
 RECOMPUTING_QUERY = replace(RANKED_QUERY, recomputes="`mrr@k`, as from the `relevant_doc` rows")
 RECOMPUTING_DOC = replace(RELEVANT_DOC, recomputes="every `ndcg@k`, `map@k`, `recall@k`, `precision@k`, `mrr@k` "
                                                    "(`tasks/score/text_retrieval.py: per_query_metrics`)")
-# storage/sample_metadata.py's LINK_UNIT, named here without importing pyarrow (the writer's check holds them equal)
-METADATA_LINK = SampleUnit("metadata", (), "one row naming the per-sample metadata the group metrics were computed "
-                                           "over (sample_key: its dataset id; storage/sample_metadata.py)")
+METADATA_LINK = SampleUnit(LINK_UNIT, (), "one row naming the per-sample metadata the group metrics were computed "
+                                          "over (sample_key: its dataset id; storage/sample_metadata.py)")
 
 ImageTextT = TypeVar("ImageTextT", bound="EvalDataset")  # an image-text dataset (a SelectionDataset, ...)
 

@@ -93,7 +93,7 @@ class FaceAttributes(EvalTask["FaceData"]):
               settings: ScoreSettings) -> Scored:
         import numpy as np
 
-        from clipcache.storage.sample_metadata import LINK_UNIT
+        from clipcache.storage.experiment import LINK_UNIT
         from clipcache.tasks.score.evidence import Evidence
         from clipcache.tasks.score.face_attributes import HeadShape, head_predictions
         from clipcache.tasks.suites.face_attributes import UNIT_PREFIX, face_intervals, face_metrics

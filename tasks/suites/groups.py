@@ -95,7 +95,7 @@ def rule_connection(rows: dict[str, Any], metadata: SampleMetadata) -> Iterator[
     import duckdb
     import pyarrow as pa
 
-    from clipcache.storage.sample_metadata import LINK_UNIT
+    from clipcache.storage.experiment import LINK_UNIT
 
     index = np.asarray(rows["sample_index"], np.int64)
     n = len(index)
@@ -180,7 +180,7 @@ def attach(evidence: Evidence, metrics: dict[str, float], dataset: str, metadata
     """The metrics with the dataset's group metrics added, and their 95% bootstrap intervals in ``evidence``
     (``resamples`` index resamples of the images, seeded as the image metrics' are); ``evidence`` carries the
     metadata to write and a row of unit ``metadata`` naming it for the experiment."""
-    from clipcache.storage.sample_metadata import LINK_UNIT
+    from clipcache.storage.experiment import LINK_UNIT
     from clipcache.tasks.score.evidence import Evidence
     from clipcache.tasks.score.intervals import paired_draws, percentile_interval
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from clipcache.storage.sample_metadata import LINK_UNIT
+from clipcache.storage.experiment import LINK_UNIT
 from clipcache.tasks.score import winogavil
 from clipcache.tasks.score.intervals import (
     DEFAULT_RESAMPLES,
