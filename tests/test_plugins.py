@@ -249,7 +249,7 @@ def _run(site: Path, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_a_plugin_tasks_options_are_flags_like_a_builtins(tmp_path_factory, tmp_path):
     """docs/extending.md's example task, shipped as a package (an entry point, no TASKS.register): `eval --help`
-    lists its option, and a run takes it (another experiment than the default one)."""
+    lists its option, and a run takes it (another experiment than the default one), as does an evalscope task config."""
     from test_extending import examples
 
     source = examples()["task-define"]
@@ -275,6 +275,12 @@ def test_a_plugin_tasks_options_are_flags_like_a_builtins(tmp_path_factory, tmp_
             params = params_from_args(build_parser("eval").parse_args(argv + extra))
             [options] = params.run_settings(cached_only=False).options.for_task(task.Options)
             found[" ".join(extra)] = task.options(ScoreSettings(options=options))
+        from clipcache.flows.config.evalscope import parse_task_config  # an evalscope task config takes it too
+        [params] = parse_task_config({"eval_config": {"tool": "clip_benchmark", "eval": {
+            "models": [{"model_name": "tiny-shapes-clip"}], "dataset_name": ["shapes"], "task": "image_knn",
+            "image_knn_include_self": True}}})
+        [options] = params.run_settings(cached_only=False).options.for_task(task.Options)
+        found["task_cfg"] = task.options(ScoreSettings(options=options))
         print(json.dumps([found, metric_catalog()["image_knn_precision"].higher_is_better]))
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
@@ -282,7 +288,8 @@ def test_a_plugin_tasks_options_are_flags_like_a_builtins(tmp_path_factory, tmp_
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [
-        {"": {}, "--image_knn_include_self": {"image_knn_include_self": True}}, True]
+        {"": {}, "--image_knn_include_self": {"image_knn_include_self": True},
+         "task_cfg": {"image_knn_include_self": True}}, True]
 
 
 def test_a_plugin_option_declared_unlike_a_builtin_one_is_one_line(tmp_path_factory, tmp_path):
