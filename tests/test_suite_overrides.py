@@ -12,7 +12,7 @@ from prefect.utilities.schema_tools import ValidationError as SchemaError
 from prefect.utilities.schema_tools import validate as server_check
 
 from clipcache.flows.config.params import EvaluateParams
-from clipcache.flows.orchestration.deployments import SuiteOverrides, load_suite
+from clipcache.flows.orchestration.deployments import SuiteOverrides, SuiteParams, load_suite
 from clipcache.flows.orchestration.flows import evaluate_suite
 
 from conftest import REPO
@@ -61,3 +61,14 @@ def test_overrides_reach_the_run_as_given():
     plain = load_suite(params.suite, SuiteOverrides())
     assert plain.limit is None and plain.option_values() == EvaluateParams(
         models=plain.models, datasets=plain.datasets).option_values()  # an unset override keeps the suite's value
+
+
+def test_a_run_stored_by_prefect_keeps_only_the_overrides_given():
+    """Prefect stores a run's parameters as it serialises them (a retry reads them back): an override left out must
+    stay out, not come back as null over the suite's value; one given as null stays given."""
+    params = SuiteParams(suite=NIGHTLY, overrides={"limit": 50, "output": None})
+    stored = evaluate_suite.serialize_parameters({"params": params})
+    assert stored == {"params": {"suite": NIGHTLY, "overrides": {"limit": 50, "output": None}}}
+    [again] = evaluate_suite.validate_parameters(stored).values()
+    assert again.overrides.given() == {"limit": 50, "output": None}
+    assert "default" not in _overrides_schema()["properties"]["limit"]  # no form fills in a null

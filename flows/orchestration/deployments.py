@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    create_model,
+    field_validator,
+    model_serializer,
+)
 
 from clipcache.flows.config.evalscope import load_task_config, to_evaluate_params
 from clipcache.flows.config.params import EvaluateParams, validate
@@ -33,6 +41,10 @@ from clipcache.storage.errors import ConfigError, parse_problem
 DEFAULT_PREFECT_FILE = "prefect.yaml"
 
 
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)  # an override left out is the suite's value, not null: no form fills one in
+
+
 def _overrides_fields(params: Any, names: Any) -> dict[str, Any]:
     """``create_model`` fields: the parameters ``names`` of ``params``, each optional (left out: the suite's value),
     with its type, constraints and help."""
@@ -40,7 +52,7 @@ def _overrides_fields(params: Any, names: Any) -> dict[str, Any]:
     for name in names:
         info = params.model_fields[name]
         annotation = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
-        fields[name] = (annotation, Field(None, description=info.description))
+        fields[name] = (annotation, Field(None, description=info.description, json_schema_extra=_no_default))
     return fields
 
 
@@ -71,7 +83,13 @@ class SuiteOverrides(_OverrideFields):
 
     def given(self) -> dict[str, Any]:
         """The parameters given, as validated."""
-        return self.model_dump(exclude_unset=True)
+        return self.model_dump()
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, dump: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Only what was given, however it is serialised: Prefect stores a run's parameters as dumped, and a run
+        retried from them must not override every parameter with null."""
+        return {name: value for name, value in dump(self).items() if name in self.model_fields_set}
 
 
 @cache
