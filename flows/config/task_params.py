@@ -54,7 +54,7 @@ def _declaration(info: FieldInfo, swept: bool) -> tuple[Any, ...]:
     return info.annotation, info.default, info.default_factory, repr(info.metadata), swept
 
 
-def _one_or_several(value: Any) -> Any:
+def _one_or_several(value: object) -> object:
     return [value] if isinstance(value, (int, float, str)) else value  # --fewshot_k 5, or fewshot_k: 5 in a config
 
 

@@ -18,9 +18,10 @@ editing the file changes the next nightly run without redeploying.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import yaml
 from pydantic import (
@@ -45,7 +46,7 @@ def _no_default(schema: dict[str, Any]) -> None:
     schema.pop("default", None)  # an override left out is the suite's value, not null: no form fills one in
 
 
-def _overrides_fields(params: Any, names: Any) -> dict[str, Any]:
+def _overrides_fields(params: type[BaseModel], names: Iterable[str]) -> dict[str, Any]:
     """``create_model`` fields: the parameters ``names`` of ``params``, each optional (left out: the suite's value),
     with its type, constraints and help."""
     fields: dict[str, Any] = {}
@@ -56,10 +57,10 @@ def _overrides_fields(params: Any, names: Any) -> dict[str, Any]:
     return fields
 
 
-def _field_checks(params: Any) -> dict[str, Any]:
+def _field_checks(params: type[BaseModel]) -> dict[str, Any]:
     """The field validators of ``params`` (a bare language, a known task, a plain split, ...), for the same fields."""
-    return {name: field_validator(*d.info.fields, mode=d.info.mode)(d.func.__func__)
-            for name, d in params.__pydantic_decorators__.field_validators.items()}
+    checks = params.__pydantic_decorators__.field_validators.items()  # each bound to params: take its function
+    return {name: field_validator(*d.info.fields, mode=d.info.mode)(cast(Any, d.func).__func__) for name, d in checks}
 
 
 # every EvaluateParams parameter, optional, with its field checks (a base of SuiteOverrides, as the task options of
