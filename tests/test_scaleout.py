@@ -162,6 +162,20 @@ def test_sharded_skip_of_corrupt_images_equals_single_process(prefect_server, tm
                                 output_dir=str(tmp_path / "o3"), **sharding))
 
 
+def _wait_listening(port: int, proc, timeout: float = 180.0) -> None:
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"dask scheduler not listening on {port} (exit code {proc.poll()})")
+
+
 @pytest.mark.slow
 def test_existing_dask_scheduler_by_address(prefect_server, single_process, tmp_path):
     """`dask scheduler` + `dask worker` processes started on their own, reached as dask://127.0.0.1:PORT; the
@@ -172,7 +186,6 @@ def test_existing_dask_scheduler_by_address(prefect_server, single_process, tmp_
     import socket
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
     import prefect.settings
@@ -186,13 +199,15 @@ def test_existing_dask_scheduler_by_address(prefect_server, single_process, tmp_
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PREFECT_API_URL": prefect.settings.PREFECT_API_URL.value(),
            "DASK_LOGGING__DISTRIBUTED": "warning"}
+    # Both at once (the worker retries until the scheduler listens), and no nanny: the worker is this process
+    # itself, not a child a nanny process spawns (one interpreter start and one import of Dask fewer).
     procs = [subprocess.Popen([str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                               "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+                               "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+             subprocess.Popen([str(bin_dir / "dask"), "worker", f"tcp://127.0.0.1:{port}", "--no-nanny",
+                               "--nthreads", "2", "--no-dashboard", "--host", "127.0.0.1"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
-        time.sleep(2)
-        procs.append(subprocess.Popen([str(bin_dir / "dask"), "worker", f"tcp://127.0.0.1:{port}", "--nworkers",
-                                       "1", "--nthreads", "2", "--no-dashboard", "--host", "127.0.0.1"], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        _wait_listening(port, procs[0])  # a slow start is not an unreachable scheduler (the client waits 30 s)
         params = EvaluateParams(**BASE, cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "out"),
                                 task_runner=f"dask://127.0.0.1:{port}", shard_rows=48)
         results = evaluate(params)
@@ -204,11 +219,15 @@ def test_existing_dask_scheduler_by_address(prefect_server, single_process, tmp_
     _assert_same_entries(single_process[0], tmp_path / "cache")
 
 
-def test_unreachable_scheduler_is_one_clear_error(prefect_server, tmp_path, capsys):
+def test_unreachable_scheduler_is_one_clear_error(prefect_server, tmp_path, capsys, monkeypatch):
+    """The CLI reports to the test's Prefect API (PREFECT_API_URL, as a configured user's would) instead of starting
+    a private server (tests/test_launch.py), and gives up on the scheduler after dask's own connect timeout."""
     import dask
+    import prefect.settings
 
     from clipcache.flows.cli import main
 
+    monkeypatch.setenv("PREFECT_API_URL", prefect.settings.PREFECT_API_URL.value())
     with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
         code = main(["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "8", "--quiet",
                      "--task_runner", "dask://127.0.0.1:9", "--cache_dir", str(tmp_path / "c"),
