@@ -200,11 +200,13 @@ def test_existing_dask_scheduler_by_address(prefect_server, single_process, tmp_
     env = {**os.environ, "PREFECT_API_URL": prefect.settings.PREFECT_API_URL.value(),
            "DASK_LOGGING__DISTRIBUTED": "warning"}
     # Both at once (the worker retries until the scheduler listens), and no nanny: the worker is this process
-    # itself, not a child a nanny process spawns (one interpreter start and one import of Dask fewer).
+    # itself, not a child a nanny process spawns (one interpreter start and one import of Dask fewer). It gets the
+    # thread settings a nanny gives its worker (dask's distributed.nanny.pre-spawn-environ).
+    threads = {name: "1" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     procs = [subprocess.Popen([str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
                                "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
              subprocess.Popen([str(bin_dir / "dask"), "worker", f"tcp://127.0.0.1:{port}", "--no-nanny",
-                               "--nthreads", "2", "--no-dashboard", "--host", "127.0.0.1"], env=env,
+                               "--nthreads", "2", "--no-dashboard", "--host", "127.0.0.1"], env={**env, **threads},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         _wait_listening(port, procs[0])  # a slow start is not an unreachable scheduler (the client waits 30 s)
