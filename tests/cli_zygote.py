@@ -1,6 +1,6 @@
 """Start the clipcache CLI as a forked child of a process that has already imported torch, torchvision,
-transformers and open_clip (the fault-injection tests run it dozens of times; those imports are ~8 s of each start
-on a 2-core machine, the run itself 2-3 s).
+transformers, open_clip and the other libraries a run imports (the fault-injection tests run it dozens of times;
+those imports are ~8 s of each start on a 2-core machine, the run itself 2-3 s).
 
 The forked child is a real process of its own: a fail point's SIGKILL kills it and nothing else, its files are
 written by its own file descriptors, and its exit status comes back as ``subprocess.run`` reports it (``-9`` for
@@ -22,6 +22,7 @@ it and reports the exit status.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -33,14 +34,19 @@ import threading
 import uuid
 from pathlib import Path
 
-PRELOAD = ("numpy", "PIL.Image", "torch", "torchvision", "transformers", "open_clip")
+PRELOAD = ("numpy", "PIL.Image", "torch", "torchvision", "transformers", "open_clip",
+           # what every eval, encode or convert run imports besides clipcache (~1 s of each start): none of them reads
+           # a CLIPCACHE_* or PREFECT_* variable at import
+           "pydantic", "zarr", "numcodecs", "fsspec", "pyarrow", "pyarrow.parquet", "rich.console", "rich.table",
+           "cloudpickle", "msgpack")
 
 
 class Zygote:
-    def __init__(self) -> None:
+    def __init__(self, *, preload: tuple[str, ...] = ()) -> None:
+        """``preload``: modules to import besides PRELOAD (e.g. what the API clients of a convert run import)."""
         self._dir = tempfile.TemporaryDirectory(prefix="clipcache-zygote-")
         self._address = str(Path(self._dir.name) / "socket")
-        self._proc = subprocess.Popen([sys.executable, __file__, self._address], stdin=subprocess.DEVNULL,
+        self._proc = subprocess.Popen([sys.executable, __file__, self._address, *preload], stdin=subprocess.DEVNULL,
                                       stdout=subprocess.PIPE, text=True)
         assert self._proc.stdout is not None
         ready = self._proc.stdout.readline().strip()
@@ -171,9 +177,13 @@ def _cli(request: dict) -> int:
             os._exit(code)
 
 
-def _serve(address: str) -> None:
-    for name in PRELOAD:
+def _serve(address: str, preload: list[str]) -> None:
+    for name in (*PRELOAD, *preload):
         __import__(name)
+    with contextlib.suppress(ImportError):  # pydantic's once-per-process scan of the installed packages for plugins
+        from pydantic.plugin._loader import get_plugins  # (~0.7 s of each start, at its first model class)
+
+        get_plugins()
     if threading.active_count() != 1:
         print(f"{threading.active_count()} Python threads after the imports; forking would be unsafe", flush=True)
         return
@@ -200,4 +210,4 @@ def _serve(address: str) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    _serve(sys.argv[1], sys.argv[2:])
