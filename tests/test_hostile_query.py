@@ -183,14 +183,24 @@ def test_no_sql_statement_is_a_config_error(work, capsys, sql):
     assert code == 2 and out == ""
 
 
+def report_here(work: Path) -> int:
+    """`clipcache report` in this process (dbt runs in the CLI's process either way), with no server configured:
+    the report runs locally. Only the interrupted report below needs a process of its own, for its signal."""
+    from clipcache.flows.cli import main
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(work)
+        patch.delenv("PREFECT_API_URL", raising=False)
+        patch.setenv("PREFECT_HOME", str(work / "prefect"))
+        return main(["report", "--output_dir", str(work / "outputs")])
+
+
 @pytest.fixture(scope="module")
 def reported(tmp_path_factory):
     """Results and a finished report of them (the files an interrupted report must leave as they are)."""
     work = tmp_path_factory.mktemp("report")
     write_results(work / "outputs")
-    done = subprocess.run([str(CLI), "report", "--output_dir", str(work / "outputs")], cwd=work, capture_output=True,
-                          text=True, timeout=300, env=_env(work))
-    assert done.returncode == 0, done.stderr
+    assert report_here(work) == 0
     return work
 
 
@@ -226,9 +236,7 @@ def test_ctrl_c_during_dbt_is_exit_130_in_one_line_and_keeps_the_last_report(rep
     tree.assert_unchanged(warehouse_dir(outputs), report / "index.html", report / "reports.duckdb")
     assert not (report / ".dbt-build").exists()
     # and the next report builds (dbt's own files survived the interrupt)
-    again = subprocess.run([str(CLI), "report", "--output_dir", str(outputs)], cwd=reported, capture_output=True,
-                           text=True, timeout=300, env=_env(reported))
-    assert again.returncode == 0, again.stderr
+    assert report_here(reported) == 0
     import duckdb
 
     con = duckdb.connect(str(report / "reports.duckdb"), read_only=True)
