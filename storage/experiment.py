@@ -27,6 +27,9 @@ IDENTITY_FIELDS = ("model", "checkpoint", "dataset", "split", "language", "task"
 # (storage/sample_metadata.py; the tasks declare it as tasks/evaluation/common.py's METADATA_LINK). Here, not there:
 # the tasks' declarations are read without importing pyarrow.
 LINK_UNIT = "metadata"
+# The option an mteb task's experiment of a model with query and document roles carries (tasks/identity.py:
+# roles_option): its queries went to the model as queries. Not a what-if: such an experiment is still the reference.
+MTEB_ROLES = {"mteb_roles": "query-document"}
 _UNSAFE = re.compile(r"[^\w.@+=-]+")
 
 
@@ -62,7 +65,7 @@ class Experiment:
     @property
     def is_reference(self) -> bool:
         """Full data, the dataset's own prompts, default task settings: what a leaderboard shows."""
-        return self.sample_limit is None and self.default_prompts and self.options == "{}"
+        return self.sample_limit is None and self.default_prompts and self.options in REFERENCE_OPTIONS
 
     def qualifiers(self) -> list[str]:
         """What sets this experiment apart from the reference one of the same model, dataset and task."""
@@ -113,3 +116,8 @@ class Experiment:
 
 def options_json(options: dict[str, Any]) -> str:
     return canonical_json(options)
+
+
+# The options of a reference experiment: none, or only MTEB_ROLES (dbt_reports/models/marts/latest_metrics.sql
+# spells the same two)
+REFERENCE_OPTIONS = ("{}", options_json(MTEB_ROLES))

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from clipcache.storage.experiment import Experiment, options_json
+from clipcache.storage.experiment import MTEB_ROLES, Experiment, options_json
 from clipcache.tasks.contract import EncodeSession, Prepared, PromptSettings, ScoreSettings
 from clipcache.tasks.evaluation.base import EvalTask
 from clipcache.tasks.models.spec import ModelSpec
@@ -25,7 +25,8 @@ def experiment_for(spec: ModelSpec, session: EncodeSession, task: EvalTask, prep
         split=source.split, language=source.language, task=task.name, precision=session.precision,
         sample_limit=source.limit, prompts=prepared.prompts_sha256, default_prompts=prepared.default_prompts,
         options=options_json({**task.options(settings), **annotation_option(source.annotation_file),
-                              **reader_option(prepared.data), **decode_option(session.decode, task)}),
+                              **reader_option(prepared.data), **decode_option(session.decode, task),
+                              **roles_option(session.resolved.text_roles, task)}),
         pretrained=session.resolved.checkpoint_label,
         model_dir=spec.basename)
 
@@ -57,6 +58,15 @@ def decode_option(decode: str, task: EvalTask) -> dict[str, str]:
     experiment ids stay)."""
     images = any(role == "image" or role.endswith("_image") for role in task.needs)  # any2any, visual STS, ...
     return {"decode": decode} if decode != "cpu" and images else {}
+
+
+def roles_option(text_roles: bool, task: EvalTask) -> dict[str, str]:
+    """A task run through mteb (mieb:) embeds a retrieval task's queries as queries since mteb's prompt_type reaches
+    the model; a model that embeds a query otherwise than a document (an ``api:`` model with roles or prefixes:
+    ``ResolvedModel.text_roles``) got them as documents before, so its experiments are new ones. Every other model
+    and task adds nothing: their vectors did not change, nor do their experiment ids. Still a reference experiment
+    (storage/experiment.py: REFERENCE_OPTIONS)."""
+    return dict(MTEB_ROLES) if text_roles and task.mteb_roles else {}
 
 
 def annotation_option(path: str | None) -> dict[str, str]:

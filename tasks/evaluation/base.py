@@ -82,6 +82,9 @@ class EvalTask(ABC, Generic[DataT]):
     # the kinds of data its entries come from: classification, retrieval, selection, text, any2any (see data_kind)
     reads: ClassVar[tuple[str, ...]] = ()
     uses_prompts: ClassVar[bool] = False
+    # mteb hands its texts over with their prompt_type (mieb:), so a model that embeds queries otherwise than
+    # documents gets a retrieval task's queries as queries (tasks/identity.py: roles_option)
+    mteb_roles: ClassVar[bool] = False
     # The settings that change its numbers (a subclass declares its own model; see TaskOptions). Flags, validation,
     # the experiment's options and the rescore hint derive from it.
     Options: ClassVar[type[TaskOptions]] = TaskOptions

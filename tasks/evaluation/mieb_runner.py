@@ -94,6 +94,7 @@ class MiebTask(EvalTask["MiebData"]):
     short = "mieb"
     description = "any MIEB task by its mteb name (mieb:<task>): mteb's own task and evaluator over cached vectors"
     needs = ("mieb_image", "prompt")
+    mteb_roles = True
     main_metrics = (("mteb_main_score", None, "main_score", 1),)
 
     def serves(self, role: str, kind: str) -> bool:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from clipcache.storage.errors import ConfigError, ResultsError
+from clipcache.storage.experiment import REFERENCE_OPTIONS
 from clipcache.tasks.report.selectors import select
 from clipcache.tasks.score.intervals import (
     DEFAULT_RESAMPLES,
@@ -72,8 +73,8 @@ def _experiments(con: DuckDBPyConnection, selector: str) -> list[dict[str, Any]]
     named = select(found, selector)
     if len(named) == 1 and named[0]["experiment_id"].startswith(selector):
         return named  # an experiment named by its id is compared as given
-    reference = [e for e in named if e["sample_limit"] is None and e["default_prompts"] and e["task_options"] == "{}"]
-    return reference or [e for e in named if e["default_prompts"] and e["task_options"] == "{}"]
+    plain = [e for e in named if e["default_prompts"] and e["task_options"] in REFERENCE_OPTIONS]
+    return [e for e in plain if e["sample_limit"] is None] or plain
 
 
 # What is compared, per task: the units of sample rows with one right-or-wrong outcome per sample, and how their
