@@ -328,7 +328,9 @@ class CachedMtebEncoder(_MtebEncoder):
         pool = TextPool(self.store, digest(prompt_pool_fields(self.session, pool_role)))
         missing = set(pool.missing(texts))
         if missing and self.cached_only:
-            raise CacheMissError([f"{len(missing)} {role} text embeddings of mteb task {task}"])
+            why = (" (an experiment of its own, mteb_roles: runs before it embedded the queries as documents)"
+                   if pool_role == "query" else "")
+            raise CacheMissError([f"{len(missing)} {role} text embeddings of mteb task {task}{why}"])
         if missing:
             outcome = encode_prompts(self.session, texts, self.store, self.batch_size,
                                      self.progress or StageProgress(enabled=False), f"mieb:{task}", role=pool_role)
