@@ -163,3 +163,62 @@ def test_an_api_model_with_roles_sends_mtebs_queries_as_queries(name, copies, se
                for k, v in rerun.metrics.items())
     queries = sorted(query_texts(copies[name]))
     assert TextPool(store, digest(prompt_pool_fields(api_session, "query"))).missing(queries) == []
+
+
+# The ids these experiments had before mteb's roles reached the model (pinned from the code of 96ce28a): a fake
+# mieb: copy's identity ("0" * 64) and a pinned API revision, so the ids depend on nothing else.
+OLD_IDS = {("tiny-shapes-clip", "mieb"): "2fa634458f6c6c13", ("tiny-shapes-clip", "text_retrieval"): "30c4e5dc9d2fb5c5",
+           ("api:tiny-shapes-clip", "mieb"): "89b04a2ddb6ba3b5", ("api:tiny-shapes-clip", "text_retrieval"):
+           "c1ccd06ca6f4edec"}
+
+
+def api_spec(**fields) -> ModelSpec:
+    return ModelSpec(model_name="api:tiny-shapes-clip", api_base="http://127.0.0.1:9/v1", api_format="cohere",
+                     api_revision="2026-11-28", **fields)
+
+
+def experiment(spec: ModelSpec, task: str):
+    from clipcache.tasks.contract import Prepared, ScoreSettings
+    from clipcache.tasks.evaluation import get_task
+    from clipcache.tasks.identity import experiment_for
+
+    model_session = ModelSession(resolve_model(spec, FileHashMemo(None)), torch.device("cpu"), amp=False,
+                                 precision="fp32")
+    dataset = "mieb:WebQAT2TRetrieval" if task == "mieb" else "some-retrieval-set"
+    prepared = Prepared(None, N, DataSource(dataset), prompts_sha256="0" * 64)
+    return experiment_for(spec, model_session, get_task(task), prepared, ScoreSettings()), model_session
+
+
+def test_an_api_models_mieb_experiment_with_roles_is_a_new_one_and_every_other_id_stays():
+    """Queries embedded as queries are other vectors: the experiment of an api: model with roles on a mieb: task
+    carries mteb_roles (a new id; the old one keeps its results). Local models and other tasks keep their ids."""
+    from clipcache.storage.experiment import MTEB_ROLES, REFERENCE_OPTIONS
+    from clipcache.storage.sql_rules import render
+
+    for spec in (ModelSpec(model_name="tiny-shapes-clip"), api_spec()):
+        for task in ("mieb", "text_retrieval"):
+            made, model_session = experiment(spec, task)
+            new = task == "mieb" and spec.model_name.startswith("api:")
+            assert made.option_values == (MTEB_ROLES if new else {})
+            assert (made.id != OLD_IDS[spec.model_name, task]) == new, (spec.model_name, task)
+            assert made.is_reference  # not a what-if: the leaderboard's value for the pair
+    assert all(option in render("latest_metrics") for option in REFERENCE_OPTIONS)
+    roles_off, model_session = experiment(api_spec(api_roles="off"), "mieb")  # queries and documents alike
+    assert not model_session.resolved.text_roles and roles_off.options == "{}"
+    prefixed, model_session = experiment(api_spec(api_roles="off", api_query_prefix="query: "), "mieb")
+    assert model_session.resolved.text_roles and prefixed.option_values == MTEB_ROLES
+
+
+def test_a_rescore_without_the_query_vectors_says_why_in_one_line(tmp_path):
+    """A cached_only rescore of an api: model's mieb: task whose cache holds only what runs before mteb_roles wrote
+    (its queries as documents) misses the query vectors and says that those runs were another experiment."""
+    from clipcache.tasks.contract import CacheMissError
+    from clipcache.tasks.encode.mteb_encoder import CachedMtebEncoder
+
+    _, model_session = experiment(api_spec(), "mieb")
+    encoder = CachedMtebEncoder(model_session, EmbeddingStore(tmp_path / "cache"), batch_size=BATCH, cached_only=True)
+    with pytest.raises(CacheMissError) as raised:
+        encoder._text_vectors(["a photo of a cat."], "WebQAT2TRetrieval", "query")
+    message = str(raised.value)
+    assert "\n" not in message and "1 query text embeddings of mteb task WebQAT2TRetrieval" in message
+    assert "mteb_roles" in message and "as documents" in message
