@@ -64,7 +64,7 @@ class Experiment:
 
     @property
     def is_reference(self) -> bool:
-        """Full data, the dataset's own prompts, default task settings: what a leaderboard shows."""
+        """Full data, the dataset's own prompts, default task settings (MTEB_ROLES aside): what a leaderboard shows."""
         return self.sample_limit is None and self.default_prompts and self.options in REFERENCE_OPTIONS
 
     def qualifiers(self) -> list[str]:
