@@ -7,9 +7,10 @@ POST /v1/chat/completions with a user message holding text + an image data URL a
 image's pixels: the colour of the object (the pixels that differ from the corner colour), its size, where it is, and
 the background — so captions of the shapes data carry real information. Faults on demand (attributes of the server
 object in tests): ``delay`` seconds per request, ``fail_next`` = [status, ...] answered before captioning (429 comes
-with Retry-After), ``hang`` (never answer), ``always_status`` (e.g. 401 for every request), ``malformed_next`` = n (the next n
-requests get HTTP 200 with a body that is not JSON). Every request's
-Authorization header is recorded so tests can check the key reached the server and nothing else.
+with ``Retry-After: 0.05``; ``retry_after`` = seconds sends that value with every fault instead), ``hang`` (never
+answer), ``always_status`` (e.g. 401 for every request), ``malformed_next`` = n (the next n requests get HTTP 200
+with a body that is not JSON). Every request's arrival time (``times``, monotonic) and Authorization header are
+recorded, so tests can check waits and that the key reached the server and nothing else.
 """
 
 from __future__ import annotations
@@ -60,10 +61,12 @@ class FakeVLMServer:
     def __init__(self, port: int = 0, delay: float = 0.0):
         self.delay = delay
         self.fail_next: list[int] = []
+        self.retry_after: str | None = None
         self.hang = False
         self.always_status: int | None = None
         self.malformed_next = 0
         self.requests = 0
+        self.times: list[float] = []
         self.authorizations: list[str] = []
         self.bodies: list[dict] = []
         self._lock = threading.Lock()
@@ -93,6 +96,7 @@ class FakeVLMServer:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with server._lock:
                     server.requests += 1
+                    server.times.append(time.monotonic())
                     server.authorizations.append(self.headers.get("Authorization", ""))
                     server.bodies.append(body)
                     fault = server.fail_next.pop(0) if server.fail_next else server.always_status
@@ -114,7 +118,8 @@ class FakeVLMServer:
                     self.wfile.write(raw)
                     return
                 if fault:
-                    headers = {"Retry-After": "0.05"} if fault == 429 else {}
+                    wait = server.retry_after or ("0.05" if fault == 429 else None)
+                    headers = {"Retry-After": wait} if wait else {}
                     self._send(fault, {"error": {"message": f"injected {fault}", "type": "fake"}}, headers)
                     return
                 try:

@@ -87,8 +87,12 @@ def convert(tmp_path, api_base, data_dir, **model):
 def test_transient_errors_are_retried_honouring_retry_after(prefect_server, vlm, tmp_path):
     data = write_image_queries(tmp_path / "d", n=4)
     vlm.fail_next = [429, 500, 503, 408]  # all four hit the first image (one request at a time)
+    # each with Retry-After: 0.1 (without one, a retry waits the exponential backoff: 0.5 s x 2^n, ~7 s for these
+    # four; test_images_failing_after_all_retries_are_listed_not_captioned and the non-JSON body test wait it)
+    vlm.retry_after = "0.1"
     m = convert(tmp_path, vlm.api_base, data, concurrency=1, max_retries=4)
     assert m["conversion_successful"] and m["api_calls"] == 4 + 4 and m["n_corpus"] == 4
+    assert all(later - earlier >= 0.1 for earlier, later in zip(vlm.times[:4], vlm.times[1:5], strict=True))  # waited
 
 
 def test_fatal_status_fails_fast_naming_model_and_status(prefect_server, vlm, tmp_path):
@@ -148,12 +152,12 @@ def test_a_hung_api_costs_the_conversion_at_most_its_stall_timeout(prefect_serve
     import time
 
     data = write_image_queries(tmp_path / "d", n=6)
-    vlm.hang = True  # per request: 2 s timeout x 21 attempts, about 40 s an image; the stall timeout cuts it to ~3 s
+    vlm.hang = True  # per request: 2 s timeout x 21 attempts, about 40 s an image; the stall timeout cuts it to ~1 s
     started = time.monotonic()
-    m = convert(tmp_path, vlm.api_base, data, timeout=2, max_retries=20, concurrency=2, stall_timeout=3)
+    m = convert(tmp_path, vlm.api_base, data, timeout=2, max_retries=20, concurrency=2, stall_timeout=1)
     assert time.monotonic() - started < 15
     assert m["stalled"] and m["n_failed"] == 6 and not m["conversion_successful"]
-    assert all("no caption for 3 s (stall_timeout)" in f["error"] for f in m["failed"])
+    assert all("no caption for 1 s (stall_timeout)" in f["error"] for f in m["failed"])
     vlm.hang = False  # the API is back: the same conversion finishes
     again = convert(tmp_path, vlm.api_base, data)
     assert again["conversion_successful"] and not again["stalled"]
