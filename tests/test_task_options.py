@@ -4,7 +4,9 @@ computed from the code before options moved into each task's ``Options`` model);
 from __future__ import annotations
 
 import ast
+import functools
 import json
+from pathlib import Path
 
 import pytest
 
@@ -147,6 +149,30 @@ def _literal(node: ast.AST | None) -> bool:
     return isinstance(node, ast.Constant)
 
 
+def _named_nodes(node: ast.AST) -> list[str]:
+    """The option names ``node`` could give a default to, by the four kinds of copy ``default_sites`` looks for."""
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return [node.target.id]
+    if isinstance(node, ast.Dict):
+        return list(dict.fromkeys(k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)))
+    if isinstance(node, ast.keyword) and node.arg:
+        return [node.arg]
+    if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute):
+        return [node.left.attr]
+    return []
+
+
+@functools.cache
+def _candidates(repo: Path) -> dict[str, list[tuple[Path, ast.AST]]]:
+    """Each file of flows/ and tasks/ parsed once: the nodes that mention a name, by name, in file and walk order."""
+    index: dict[str, list[tuple[Path, ast.AST]]] = {}
+    for path in sorted(p for top in ("flows", "tasks") for p in (repo / top).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for name in _named_nodes(node):
+                index.setdefault(name, []).append((path, node))
+    return index
+
+
 def default_sites(name: str) -> list[str]:
     """Where flows/ and tasks/ give ``name`` a literal value as a default: a class field (plain or ``Field(...)``),
     a dict entry, a keyword argument, or a comparison with ``<something>.name`` (as a command line that leaves out
@@ -156,26 +182,25 @@ def default_sites(name: str) -> list[str]:
     default = next((task.Options.model_fields[name].default for task in builtin_tasks()
                     if name in task.Options.model_fields), _UNKNOWN)
     sites = []
-    for path in sorted(p for top in ("flows", "tasks") for p in (REPO / top).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            value: ast.AST | None = None
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
-                value = node.value
-                if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "Field":
-                    value = value.args[0] if value.args else next(
-                        (k.value for k in value.keywords if k.arg == "default"), None)
-            elif isinstance(node, ast.Dict):
-                value = next((v for k, v in zip(node.keys, node.values, strict=True)
-                              if isinstance(k, ast.Constant) and k.value == name), None)
-            elif isinstance(node, ast.keyword) and node.arg == name:
-                value = node.value
-            elif (isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == name
-                  and isinstance(node.ops[0], (ast.Eq, ast.NotEq))):
-                value = node.comparators[0]
-                if default is not _UNKNOWN and _literal(value) and ast.literal_eval(value) != default:
-                    value = None  # `generation == "beam_search"` tests another value: no copy of the default
-            if value is not None and _literal(value):
-                sites.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    for path, node in _candidates(REPO).get(name, []):
+        value: ast.AST | None = None
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            value = node.value
+            if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "Field":
+                value = value.args[0] if value.args else next(
+                    (k.value for k in value.keywords if k.arg == "default"), None)
+        elif isinstance(node, ast.Dict):
+            value = next((v for k, v in zip(node.keys, node.values, strict=True)
+                          if isinstance(k, ast.Constant) and k.value == name), None)
+        elif isinstance(node, ast.keyword) and node.arg == name:
+            value = node.value
+        elif (isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == name
+              and isinstance(node.ops[0], (ast.Eq, ast.NotEq))):
+            value = node.comparators[0]
+            if default is not _UNKNOWN and _literal(value) and ast.literal_eval(value) != default:
+                value = None  # `generation == "beam_search"` tests another value: no copy of the default
+        if value is not None and _literal(value):
+            sites.append(f"{path.relative_to(REPO)}:{node.lineno}")
     return sites
 
 
