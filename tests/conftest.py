@@ -18,6 +18,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["MODELSCOPE_DOMAIN"] = "127.0.0.1:9"
 os.environ["MODELSCOPE_ENDPOINT"] = "http://127.0.0.1:9"
+# modelscope_hub retries a failed repo listing 4 times with a 1, 2, 4 s back-off (its documented setting): against
+# the closed port above, one attempt fails the same way, with the same error, 7 s sooner.
+os.environ["MODELSCOPE_REPO_TREE_PAGE_MAX_ATTEMPTS"] = "1"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "CRITICAL")
