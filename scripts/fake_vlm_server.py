@@ -69,6 +69,7 @@ class FakeVLMServer:
         self.times: list[float] = []
         self.authorizations: list[str] = []
         self.bodies: list[dict] = []
+        self.open_connections = 0  # connections a handler thread is still serving (wait_idle)
         self._lock = threading.Lock()
         server = self
 
@@ -77,6 +78,15 @@ class FakeVLMServer:
 
             def log_message(self, *args):
                 pass
+
+            def handle(self):
+                with server._lock:
+                    server.open_connections += 1
+                try:
+                    super().handle()
+                finally:
+                    with server._lock:
+                        server.open_connections -= 1
 
             def _send(self, status: int, payload: dict, headers: dict | None = None) -> None:
                 body = json.dumps(payload).encode()
@@ -144,6 +154,23 @@ class FakeVLMServer:
     def __enter__(self) -> FakeVLMServer:
         self.thread.start()
         return self
+
+    def wait_idle(self, quiet: float = 0.3, timeout: float = 30.0) -> None:
+        """Wait until no connection has been open for `quiet` seconds: a killed client's requests that were already
+        sent are then read and counted, so the next count starts with the next client's."""
+        deadline = time.monotonic() + timeout
+        idle_since = None
+        while time.monotonic() < deadline:
+            with self._lock:
+                busy, seen = self.open_connections > 0, self.requests
+            if busy:
+                idle_since = None
+            elif idle_since is None or idle_since[1] != seen:
+                idle_since = (time.monotonic(), seen)
+            elif time.monotonic() - idle_since[0] >= quiet:
+                return
+            time.sleep(0.02)
+        raise TimeoutError(f"the fake VLM server still had open connections after {timeout} s")
 
     def __exit__(self, *exc) -> None:
         self.httpd.shutdown()
