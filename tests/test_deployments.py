@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from conftest import REPO
+from prefect_db_helpers import keep_database, seed_database
 
 BIN = Path(sys.executable).parent
 
@@ -37,8 +38,10 @@ def _env(home: Path, api_url: str | None = None, **extra: str) -> dict[str, str]
 
 @pytest.fixture(scope="module")
 def prefect_api(tmp_path_factory):
-    """`prefect server start` on 127.0.0.1 with a fresh SQLite database; yields its API URL."""
+    """`prefect server start` on 127.0.0.1 with its own SQLite database (a fresh one migrated at start, or the test
+    run's already migrated one: tests/prefect_db_helpers.py); yields its API URL."""
     home = tmp_path_factory.mktemp("server-home")
+    seeded = seed_database(home, tmp_path_factory)
     port = _free_port()
     log = open(home / "server.log", "w")
     server = subprocess.Popen(
@@ -58,6 +61,8 @@ def prefect_api(tmp_path_factory):
     else:
         server.kill()
         pytest.fail("prefect server did not become healthy: " + (home / "server.log").read_text()[-3000:])
+    if not seeded:
+        keep_database(home, tmp_path_factory)
     yield url
     server.terminate()
     server.wait(timeout=30)

@@ -18,6 +18,7 @@ from clipcache.flows.orchestration import launch, prefect_server
 from clipcache.storage.errors import ConfigError
 
 from conftest import REPO
+from prefect_db_helpers import keep_database, seed_database
 
 
 @pytest.fixture
@@ -103,12 +104,16 @@ def test_a_bad_name_fails_before_torch_or_prefect_is_imported(argv, expected, tm
 
 
 @pytest.mark.slow
-def test_background_server_start_a_run_that_reports_to_it_and_stop(tmp_path):
+def test_background_server_start_a_run_that_reports_to_it_and_stop(tmp_path, tmp_path_factory):
     exe = REPO / ".venv" / "bin" / "clipcache"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
     env.pop("PREFECT_API_URL", None)
+    # the server's database: the test run's migrated one where another server made it (tests/prefect_db_helpers.py)
+    seeded = seed_database(tmp_path / "prefect", tmp_path_factory)
     started = subprocess.run([str(exe), "server", "start"], capture_output=True, text=True, env=env, timeout=300)
     assert started.returncode == 0, started.stderr
+    if not seeded:
+        keep_database(tmp_path / "prefect", tmp_path_factory)
     state = json.loads((tmp_path / "prefect" / prefect_server.STATE_FILE).read_text())
     try:
         run = subprocess.run([str(exe), "eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "30",

@@ -195,9 +195,14 @@ def test_installed_wheel_runs_the_demo_report_suites_compare_and_a_worker_deploy
     (tmp_path / "templates.json").write_text('["a blurry photo of a {c}."]')
     run(work, env, "clipcache", "rescore", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--templates",
          str(tmp_path / "templates.json"), "--output_dir", "outputs", "--cache_dir", "cache")
-    experiments = json.loads(run(work, env, "clipcache", "query", "SELECT experiment_id, min(created_at) AS t "
-                                  "FROM metrics WHERE dataset = 'shapes' GROUP BY 1 ORDER BY t", "--format", "json"))
-    baseline, candidate = (e["experiment_id"] for e in experiments)
+    # the two experiments, oldest first, and the run rows so far (only eval and rescore write runs) in one query
+    versions = ("count(*) AS n, list(DISTINCT clipcache_version) AS versions, (SELECT list(DISTINCT "
+                "clipcache_version) FROM metrics) AS metric_versions")
+    experiments = ("(SELECT list(experiment_id ORDER BY t) FROM (SELECT experiment_id, min(created_at) AS t "
+                   "FROM metrics WHERE dataset = 'shapes' GROUP BY 1)) AS experiments")
+    [before_worker] = json.loads(run(work, env, "clipcache", "query", f"SELECT {experiments}, {versions} FROM runs",
+                                     "--format", "json"))
+    baseline, candidate = before_worker.pop("experiments")
     compared = json.loads(run(work, env, "clipcache", "compare", "--baseline", baseline, "--candidate",
                                candidate, "--bootstrap", "200", "--format", "json"))
     assert {(r["metric"], r["n"]) for r in compared} >= {("acc1", 1200), ("acc5", 1200)}
@@ -214,9 +219,6 @@ def test_installed_wheel_runs_the_demo_report_suites_compare_and_a_worker_deploy
                PREFECT_WORKER_PREFETCH_SECONDS="1")
     run(work, env, "prefect", "work-pool", "create", "clipcache", "--type", "process")
     run(work, env, "prefect", "--no-prompt", "deploy", "--all")
-    runs = ("SELECT count(*) AS n, list(DISTINCT clipcache_version) AS versions, (SELECT list(DISTINCT "
-            "clipcache_version) FROM metrics) AS metric_versions FROM runs")
-    [before_worker] = json.loads(run(work, env, "clipcache", "query", runs, "--format", "json"))
     worker = subprocess.Popen(venv.command(("prefect", "worker", "start", "--pool", "clipcache")), cwd=work,
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -229,7 +231,8 @@ def test_installed_wheel_runs_the_demo_report_suites_compare_and_a_worker_deploy
     deployment = httpx.get(f"{prefect_api}/deployments/{finished['deployment_id']}").json()
     assert deployment["entrypoint"] == "clipcache.flows.orchestration.flows:evaluate_suite"
     # every run row says which release and commit made it; the worker's run added rows
-    [after_worker] = json.loads(run(work, env, "clipcache", "query", runs, "--format", "json"))
+    [after_worker] = json.loads(run(work, env, "clipcache", "query", f"SELECT {versions} FROM runs", "--format",
+                                    "json"))
     for rows in (before_worker, after_worker):
         assert rows["versions"] == rows["metric_versions"] == [f"{VERSION}+g{head}"], rows
     assert after_worker["n"] > before_worker["n"]
