@@ -142,6 +142,15 @@ def check_location(location: str | os.PathLike, field: str) -> None:
         found = path.fs.exists(bucket) if path.protocol not in ("memory",) else True
     except Exception as e:  # fsspec backends raise their own types for unreachable endpoints
         raise ConfigError(f"{field}: cannot reach {url(path)} ({type(e).__name__}: {str(e).splitlines()[0]})") from e
+    if not found and hasattr(path.fs, "call_s3"):  # s3fs's exists() says False for any failed probe (a 503 too):
+        try:  # ask once more, so that only a missing bucket reads as one
+            path.fs.call_s3("head_bucket", Bucket=bucket)
+            found = True
+        except FileNotFoundError:
+            pass
+        except Exception as e:  # a store that answers 503 or denies the request: its answer, not "no bucket"
+            raise ConfigError(f"{field}: cannot reach {url(path)} ({type(e).__name__}: "
+                              f"{(str(e).splitlines() or [''])[0]})") from e
     if not found:
         raise ConfigError(f"{field}: bucket {bucket!r} does not exist ({url(path)}); create it or fix the URL")
 

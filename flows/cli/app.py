@@ -200,6 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
+    args: argparse.Namespace | None = None
     try:
         args = build_parser(command, argv).parse_args(argv)
         runtime.configure(verbose=args.verbose)
@@ -210,8 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `clipcache compare --format json | head`: the reader has all it wanted
         _silence_stdout()
         return 1  # as rich's console ends a table print that meets a closed pipe: every command alike
-    except OSError as e:
-        line = _storage_problem(e)
+    except Exception as e:  # an OSError of the disk, or any error that is an object store's answer after retries
+        line = (_storage_problem(e) if isinstance(e, OSError) else None) or _store_problem(e, args)
         if line is None:
             raise  # anything else is a bug: keep its traceback
         runtime.error_console().print(f"[bold red]error:[/] {_escape(line)}", highlight=False, soft_wrap=True)
@@ -250,6 +251,15 @@ def _storage_problem(error: OSError) -> str | None:
         what = "read-only file system" if error.errno == errno.EROFS else "permission denied"
         return f"{what}{where}: choose a writable --cache_dir / --output_dir"
     return None
+
+
+def _store_problem(error: Exception, args: argparse.Namespace | None) -> str | None:
+    """flows/cli/store_errors.py's line, naming the remote folders the command was given (--cache_dir ...)."""
+    from clipcache.flows.cli.store_errors import store_problem
+
+    where = [str(v) for k, v in sorted(vars(args or argparse.Namespace()).items())
+             if k.endswith("_dir") and isinstance(v, str) and "://" in v]
+    return store_problem(error, where)
 
 
 def _escape(text: str) -> str:
