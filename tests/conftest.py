@@ -186,7 +186,8 @@ FULL_TIER_MODULES = {"test_deployments", "test_scaleout", "test_remote_storage",
 # tests, most first, as xdist orders them itself. Otherwise xdist's own order (by number of tests) leaves these
 # files, which hold few tests, for the end, where one of them can keep a worker busy alone while the other is idle.
 # Longest first, the run ends on small files and the workers finish together. A file missing here only runs later.
-HEAVY_FILES_FIRST = ("test_faults", "test_wheel", "test_store_errors", "test_deployments", "test_launch", "test_scaleout", "test_cache",
+HEAVY_FILES_FIRST = ("test_faults", "test_wheel", "test_store_errors", "test_deployments", "test_launch",
+                     "test_scaleout", "test_cache",
                      "test_faults_prefect", "test_suite_reports", "test_remote_storage", "test_plugins",
                      "test_plugin_sources", "test_captioning", "test_experiments", "test_original_layouts",
                      "test_bundled_model", "test_compare", "test_group_marts")
