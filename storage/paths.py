@@ -119,6 +119,14 @@ def local_dir(location: str | os.PathLike) -> Path:
     return Path(os.environ.get("CLIPCACHE_LOCAL_DIR") or Path.home() / ".cache" / "clipcache")
 
 
+def _unreachable(field: str, path: AnyPath, error: Exception) -> Exception:
+    """The one line for a store that did not answer a location check (the first line of the client's error)."""
+    from clipcache.storage.errors import ConfigError
+
+    return ConfigError(f"{field}: cannot reach {url(path)} ({type(error).__name__}: "
+                       f"{(str(error).splitlines() or [''])[0]})")
+
+
 def check_location(location: str | os.PathLike, field: str) -> None:
     """Fail in one line, before any work, when ``location`` cannot hold results: a local path that is (or lies under)
     a file or cannot be created, a bucket that does not exist, an object store that cannot be reached."""
@@ -141,7 +149,7 @@ def check_location(location: str | os.PathLike, field: str) -> None:
     try:
         found = path.fs.exists(bucket) if path.protocol not in ("memory",) else True
     except Exception as e:  # fsspec backends raise their own types for unreachable endpoints
-        raise ConfigError(f"{field}: cannot reach {url(path)} ({type(e).__name__}: {str(e).splitlines()[0]})") from e
+        raise _unreachable(field, path, e) from e
     if not found and hasattr(path.fs, "call_s3"):  # s3fs's exists() says False for any failed probe (a 503 too):
         try:  # ask once more, so that only a missing bucket reads as one
             path.fs.call_s3("head_bucket", Bucket=bucket)
@@ -149,8 +157,7 @@ def check_location(location: str | os.PathLike, field: str) -> None:
         except FileNotFoundError:
             pass
         except Exception as e:  # a store that answers 503 or denies the request: its answer, not "no bucket"
-            raise ConfigError(f"{field}: cannot reach {url(path)} ({type(e).__name__}: "
-                              f"{(str(e).splitlines() or [''])[0]})") from e
+            raise _unreachable(field, path, e) from e
     if not found:
         raise ConfigError(f"{field}: bucket {bucket!r} does not exist ({url(path)}); create it or fix the URL")
 
