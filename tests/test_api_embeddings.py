@@ -199,9 +199,10 @@ def test_throttling_and_server_errors_are_retried_honouring_retry_after(embeddin
 
 
 def test_a_stalled_request_times_out_and_is_retried(embedding_server, tmp_path, capsys):
+    # 1.5 s: a timeout well above an unstalled request's time even at load 10 (0.5 s once timed out a second one)
     embedding_server.stall_next, embedding_server.stall_seconds = 1, 3.0
     started = time.monotonic()
-    code, err = cli(api_eval(embedding_server, tmp_path, "--api_timeout", "0.5"), capsys)
+    code, err = cli(api_eval(embedding_server, tmp_path, "--api_timeout", "1.5"), capsys)
     assert code == 0, err
     assert "1 retries" in cost_lines(err)[0] and time.monotonic() - started < 30
 
