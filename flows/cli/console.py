@@ -50,9 +50,11 @@ def print_results(console: Console, results: list, output_dir: str) -> None:
     show_ties = any(any(r.tied.values()) for r in results)
     show_ci = any(getattr(r, "intervals", None) for r in results)
     show_language = len({r.language for r in results}) > 1 or any(r.language != "en" for r in results)
+    show_split = len({getattr(r, "split", "test") for r in results}) > 1  # a suite that mixes splits
     table = Table(title="clipcache results")
     show_variant = any(getattr(r, "variant", "") for r in results)
-    columns = [("model", "left"), ("dataset", "left"), *([("lang", "left")] if show_language else []),
+    columns = [("model", "left"), ("dataset", "left"), *([("split", "left")] if show_split else []),
+               *([("lang", "left")] if show_language else []),
                ("task", "left"), *([("variant", "left")] if show_variant else []), ("metric", "left"), ("value", "right"),
                *([("95% CI", "right")] if show_ci else []), *([("ties", "right")] if show_ties else []),
                ("n", "right"), ("cache", "left"), ("encode s", "right")]
@@ -65,6 +67,7 @@ def print_results(console: Console, results: list, output_dir: str) -> None:
             first = i == 0
             tied = r.tied.get(name, 0)
             cells = [model if first else "", r.dataset if first else "",
+                     *([r.split if first else ""] if show_split else []),
                      *([r.language if first else ""] if show_language else []),
                      short_task(r.task) if first else "",
                      *([getattr(r, "variant", "") if first else ""] if show_variant else []), name, format_value(value) if name else "",

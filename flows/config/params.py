@@ -10,9 +10,19 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
-from clipcache.flows.config.run_settings import OptionValues, OutputSettings, RunSettings
+from clipcache.flows.config.run_settings import Evaluation, OptionValues, OutputSettings, RunSettings
 from clipcache.flows.config.task_params import builtin_tasks, extended_model, options_model, swept_names
 from clipcache.storage.errors import ClipcacheError, ConfigError
 from clipcache.tasks.contract import (
@@ -143,28 +153,21 @@ class EvaluateParams(RunExecution, TaskOptionParams, RunInputs):
     @model_validator(mode="before")
     @classmethod
     def _suite_datasets(cls, data: Any) -> Any:
-        """--suite adds the suite's datasets (those clipcache can read; `clipcache suite show` lists the others)."""
+        """--suite adds the suite's datasets, each evaluated with its own split and language (suite_runs.py)."""
         if isinstance(data, dict) and data.get("suite"):
-            from clipcache.tasks.suites import load_suite
+            from clipcache.flows.config.suite_runs import with_suite_datasets
 
-            suite = load_suite(data["suite"])
-            if data.get("task", "auto") != "auto":
-                raise ConfigError("task: a suite runs each of its datasets with the suite's own task; leave --task "
-                                  "out (auto)")
-            for e in suite.runnable():
-                for what, value, default in (("split", e.split, "test"), ("language", e.language, "en")):
-                    given = data.get(what) or default
-                    if value != (given[0] if isinstance(given, list) and len(given) == 1 else given):
-                        raise ConfigError(f"{what}: suite {suite.name} evaluates {e.dataset} with {what} {value}, "
-                                          f"not {given}; run it without --{what}")
-            from clipcache.tasks.datasets import default_task
+            return with_suite_datasets(data)
+        return data
 
-            for e in suite.runnable():
-                if e.task != "auto" and (own := default_task(e.dataset, data.get("dataset_root"))) != e.task:
-                    raise ConfigError(f"suite {suite.name}: {e.dataset} is listed with task {e.task}, but `eval "
-                                      f"--suite` runs each dataset's own task ({own})")
-            names = [e.dataset for e in suite.runnable()]
-            data = {**data, "datasets": list(dict.fromkeys([*(data.get("datasets") or []), *names]))}
+    @model_serializer(mode="wrap")
+    def _suite_split_as_given(self, dump: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A suite run given no --split / --language has no one split or language (each dataset takes the suite's):
+        its dump leaves them out, so that a run retried from the parameters Prefect stored validates as it did."""
+        data = dump(self)
+        for name in ("split", "language") if self.suite else ():
+            if name not in self.model_fields_set:
+                data.pop(name, None)
         return data
 
     @field_validator("language", mode="before")
@@ -222,13 +225,16 @@ class EvaluateParams(RunExecution, TaskOptionParams, RunInputs):
             return self
         from clipcache.tasks.datasets.clip_benchmark.layouts import languages_of
 
+        languages: dict[str, list[str]] = {}
+        for evaluation in self.evaluations():
+            languages.setdefault(evaluation.dataset, []).append(evaluation.language)
         for i, name in enumerate(self.datasets):
             try:
                 check_name(name, self.dataset_root)
             except ClipcacheError as e:
                 raise ValueError(f"datasets.{i}: {e}") from None
             known = languages_of(name)
-            missing = [lang for lang in self.language if known is not None and lang not in known]
+            missing = [lang for lang in languages[name] if known is not None and lang not in known]
             if missing and known is not None:  # before any work: clip_benchmark's product of datasets and languages must all exist
                 shown = ", ".join(known[:12]) + (f", ... ({len(known)} in all)" if len(known) > 12 else "")
                 raise ValueError(f"language: {missing[0]!r} is not available for dataset {name!r} (available: "
@@ -295,6 +301,13 @@ class EvaluateParams(RunExecution, TaskOptionParams, RunInputs):
         return self
 
     # -- what each stage gets --------------------------------------------------------------------------------------
+    def evaluations(self) -> list[Evaluation]:
+        """Every (dataset, split, language) of the run, in order: a suite's datasets with the suite's own split and
+        language, any other with --split and each --language (flows/config/suite_runs.py)."""
+        from clipcache.flows.config.suite_runs import evaluations
+
+        return evaluations(self.suite, self.datasets, self.split, self.language)
+
     def option_values(self) -> OptionValues:
         """The values of every parameter that is some task's option (a task takes those its Options declare)."""
         names = {name for task in self.option_tasks for name in task.Options.model_fields}
@@ -315,7 +328,7 @@ class EvaluateParams(RunExecution, TaskOptionParams, RunInputs):
                             data_dir=str(local_dir(self.cache_dir)), offline=self.offline,
                             annotation_file=self.annotation_file)
         return RunSettings(
-            task=self.task, source=source, languages=tuple(self.language),
+            task=self.task, source=source, evaluations=tuple(self.evaluations()),
             prompts=PromptSettings(classnames=self.classnames, templates=self.templates),
             encode=EncodeSettings(self.batch_size, self.num_workers, self.on_bad_image, cached_only,
                                   decode_pool=self.decode_pool, prefetch=self.prefetch),

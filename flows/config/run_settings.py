@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import product
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from pydantic import ValidationError
 
@@ -42,6 +42,14 @@ def _problem(problem: Any) -> str:
     return f"{where}: {message}" if where else message
 
 
+class Evaluation(NamedTuple):
+    """One dataset as a run evaluates it: with this split and the class names / captions of this language."""
+
+    dataset: str
+    split: str
+    language: str
+
+
 @dataclass(frozen=True, kw_only=True)
 class OutputSettings:
     output_dir: str
@@ -53,11 +61,11 @@ class OutputSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class RunSettings:
-    """What every (model, dataset, language) of one run is evaluated with."""
+    """What every (model, dataset, split, language) of one run is evaluated with."""
 
     task: str  # auto (each dataset's own) or a registered task
-    source: DataSource  # all but the dataset's name and the language, which each pair sets
-    languages: tuple[str, ...]
+    source: DataSource  # all but the dataset's name, split and language, which each pair sets
+    evaluations: tuple[Evaluation, ...]  # every (dataset, split, language), in order: EvaluateParams.evaluations
     prompts: PromptSettings  # all but the language
     encode: EncodeSettings  # without a task's options, which each pair sets
     score: ScoreSettings  # without the device and a task's options, which each pair sets

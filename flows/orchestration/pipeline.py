@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clipcache.flows.config.params import EvaluateParams
-from clipcache.flows.config.run_settings import RunSettings
+from clipcache.flows.config.run_settings import Evaluation, RunSettings
 from clipcache.flows.orchestration.stages import Stages
 from clipcache.storage import faults
 from clipcache.storage.embedding_store import EmbeddingStore
@@ -65,6 +65,7 @@ class PairResult:
     run_id: str = ""
     experiment_id: str = ""
     variant: str = ""  # the task settings that tell this result apart when a run asks for several (fewshot_k=5)
+    split: str = "test"
 
 
 @dataclass(kw_only=True)
@@ -113,15 +114,17 @@ def choose_task(task: str, dataset: str, dataset_root: str | None) -> EvalTask:
     return get_task(default_task(dataset, dataset_root) if task == "auto" else task)
 
 
-def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: ModelSession, dataset: str,
-                  language: str) -> list[PairResult]:
-    """One (model, dataset, language): prepare, encode once, then score and write each variant the run asks for
-    (several --fewshot_k values: one experiment each, over the same cache entries)."""
+def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: ModelSession, evaluation: Evaluation) -> list[PairResult]:
+    """One (model, dataset, split, language): prepare, encode once, then score and write each variant the run asks
+    for (several --fewshot_k values: one experiment each, over the same cache entries)."""
     shared, stages = ctx.settings, ctx.stages
+    dataset, language = evaluation.dataset, evaluation.language
     task = choose_task(shared.task, dataset, shared.source.root)
     label = f"{spec.display_name}{'@' + session.resolved.checkpoint_label if session.resolved.checkpoint_label else ''}"
-    where = f"{label}-{dataset}" + (f"-{language}" if len(shared.languages) > 1 else "")
-    source = replace(shared.source, name=dataset, language=language)
+    where = f"{label}-{dataset}" + "".join(f"-{value}" for value, several in (
+        (evaluation.split, len({e.split for e in shared.evaluations}) > 1),
+        (language, len({e.language for e in shared.evaluations}) > 1)) if several)
+    source = replace(shared.source, name=dataset, split=evaluation.split, language=language)
     prompts = replace(shared.prompts, language=language)
     prepared = stages.run("prepare", f"prepare-{where}", task.prepare, source, prompts, ctx.progress)
     prepared = full_when_untruncated(task, prepared, prompts, ctx.progress)
@@ -139,7 +142,8 @@ def evaluate_pair(ctx: RunContext, spec: ModelSpec, session: ModelSession, datas
         variant = ",".join(f"{k}={getattr(settings.options, k)}" for k in swept)
         name = where + (f"-{variant}" if variant else "")
         result = PairResult(spec.display_name, dataset, task.name, experiment.pretrained, language,
-                            experiment_id=experiment.id, run_id=ctx.run.run_id, variant=variant)
+                            experiment_id=experiment.id, run_id=ctx.run.run_id, variant=variant,
+                            split=evaluation.split)
         results.append(result)
         if (first := ctx.seen.get(experiment.id)) is not None:
             log.info("%s: skipped, same experiment as %s", name, first)
@@ -238,7 +242,8 @@ def run_evaluation(params: EvaluateParams, stages: Stages, cached_only: bool) ->
     status, device = "failed", "unknown"
     sessions: list[Any] = []  # closed when the run ends: an API model prints its cost line then
     log.info("run %s: %d model(s) x %d dataset(s) x %d language(s)%s", run.run_id, len(params.models),
-             len(params.datasets), len(params.language), " (cached only)" if cached_only else "")
+             len(params.datasets), len({e.language for e in params.evaluations()}),
+             " (cached only)" if cached_only else "")
     try:
         with open_task_runner("none" if cached_only else params.task_runner, params.workers) as runner:
             settings = params.run_settings(cached_only)
@@ -253,9 +258,8 @@ def run_evaluation(params: EvaluateParams, stages: Stages, cached_only: bool) ->
                                      decode=params.decode)
                 device = str(session.device)
                 sessions.append(session)
-                for dataset in params.datasets:
-                    for language in params.language:
-                        results.extend(evaluate_pair(ctx, spec, session, dataset, language))
+                for evaluation in settings.evaluations:
+                    results.extend(evaluate_pair(ctx, spec, session, evaluation))
         status = "completed"
     finally:
         write_run_row(params.output_dir, {
