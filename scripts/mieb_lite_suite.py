@@ -2,8 +2,8 @@
 built under ``<tmp>/data/<dataset>`` (a ``mieb:`` task's: its mteb name) (the 44 ``mieb:`` tasks by scripts/mieb_lite_local.py's builders, the 7
 clip_benchmark zero-shot sets here), then, with the bundled tiny-shapes-clip model,
 
-    clipcache eval --dataset <the suite's datasets> --split S --language L --dataset_root '<tmp>/data/{dataset}'
-                                             (one run per split and language the suite uses; each dataset's own task)
+    clipcache eval --suite mieb_lite --dataset_root '<tmp>/data/{dataset}'
+                                 (one run: each dataset with its own task and the suite's split, valid or test)
     clipcache suite score mieb_lite                                            (must be complete: 51 of 51)
     clipcache suite export mieb_lite --format mteb --out <tmp>/mteb
 
@@ -185,12 +185,8 @@ def main() -> int:
             clip_benchmark_set(entry.dataset, root, args.n)
     built = time.perf_counter() - started
     dirs = ["--output_dir", str(work / "out"), "--cache_dir", str(work / "cache")]
-    groups: dict[tuple[str, str], list[str]] = {}
-    for entry in suite.runnable():  # eval --suite takes one split and language: one eval per pair the suite uses
-        groups.setdefault((entry.split, entry.language), []).append(entry.dataset)
-    for (split, language), names in groups.items():
-        cli("eval", "--dataset", *names, "--split", split, "--language", language, "--model", "tiny-shapes-clip",
-            "--dataset_root", f"{work}/data/{{dataset}}", "--orchestrator", "local", "--quiet", *dirs)
+    cli("eval", "--suite", "mieb_lite", "--model", "tiny-shapes-clip", "--dataset_root", f"{work}/data/{{dataset}}",
+        "--orchestrator", "local", "--quiet", *dirs)
     evaluated_s = time.perf_counter() - started - built
     table = cli("suite", "score", "mieb_lite", "--output_dir", str(work / "out"), "--bootstrap", "0")
     scores = json.loads(cli("suite", "score", "mieb_lite", "--output_dir", str(work / "out"), "--bootstrap", "0",
@@ -211,7 +207,7 @@ def main() -> int:
         gaps.append(f"suite score incomplete: {score['datasets_present']} of {score['datasets']}")
     splits = ", ".join(f"{k}: {n}" for k, n in sorted(Counter(split_of[v[1]] for v in evaluated.values()).items()))
     n_files = len([p for p in (work / "mteb" / "results").rglob("*.json") if p.name != "model_meta.json"])
-    print(f"\nbuilt {len(suite.datasets)} datasets in {built:.0f} s; eval ({len(groups)} runs) {evaluated_s:.0f} s; "
+    print(f"\nbuilt {len(suite.datasets)} datasets in {built:.0f} s; eval (1 run) {evaluated_s:.0f} s; "
           f"export: {n_files} task files; mteb read back {len(evaluated) - len(gaps)} of {len(evaluated)} "
           f"evaluated tasks, each under the split it was evaluated on (clipcache splits {splits}) with the warehouse's value")
     for gap in gaps:
