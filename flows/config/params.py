@@ -63,7 +63,8 @@ class RunInputs(BaseModel):
                                                           "collection (vtab, vtab+, retrieval, imagenet_robustness, "
                                                           "sugar_crepe) or a file of names")
     suite: str | None = Field(None, description="a suite (clipcache suite list, or a suite .yaml file): its datasets "
-                                                "are evaluated, each with its own task, besides any --dataset")
+                                                "are evaluated, each with its own task and the suite's split and "
+                                                "language, besides any --dataset")
     dataset_root: str | None = Field(None, description="dataset folder, or a template with {dataset} / "
                                                        "{dataset_cleaned}; for custom: the folder with "
                                                        "image_queries.jsonl; for text_retrieval: a BEIR folder")
