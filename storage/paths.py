@@ -120,16 +120,21 @@ def local_dir(location: str | os.PathLike) -> Path:
 
 
 def _unreachable(field: str, path: AnyPath, error: Exception) -> Exception:
-    """The one line for a store that did not answer a location check (the first line of the client's error)."""
+    """The one line for a store that did not answer a location check (the first line of the client's error), or
+    that refused the credentials (storage/store_answers.py: which to check; their values are never printed)."""
     from clipcache.storage.errors import ConfigError
+    from clipcache.storage.store_answers import denied
 
+    if (refused := denied(error)) is not None:
+        return ConfigError(f"{field}: {url(path)} {refused}")
     return ConfigError(f"{field}: cannot reach {url(path)} ({type(error).__name__}: "
                        f"{(str(error).splitlines() or [''])[0]})")
 
 
 def check_location(location: str | os.PathLike, field: str) -> None:
     """Fail in one line, before any work, when ``location`` cannot hold results: a local path that is (or lies under)
-    a file or cannot be created, a bucket that does not exist, an object store that cannot be reached."""
+    a file or cannot be created, a bucket that does not exist, an object store that cannot be reached or refuses the
+    credentials."""
     from clipcache.storage.errors import ConfigError
 
     path = as_path(location)
