@@ -92,8 +92,8 @@ def test_a_store_down_or_denying_mid_run_is_one_line_then_the_same_command_finis
         if denying is not None:
             assert "AWS_PROFILE" in lines[0] and "AWS_ACCESS_KEY_ID" in lines[0], lines
             assert wrong["AWS_SECRET_ACCESS_KEY"] not in down.stderr and "testing" not in down.stderr
-        if denying:
-            assert "403 InvalidAccessKeyId" in lines[0], lines
+        if denying:  # moto's code, or a bare 403 where the refused request was a HEAD (its answer has no body)
+            assert "(403 InvalidAccessKeyId)" in lines[0] or "(403)" in lines[0], lines
             assert "finished work is kept, so the same command continues once access is fixed" in lines[0], lines
     again = run(argv, tmp_path, AWS_ENDPOINT_URL=s3_endpoint, **extra)
     assert again.returncode == 0, again.stderr[-3000:]
