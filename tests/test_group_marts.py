@@ -6,6 +6,8 @@ schema tests run in the same `dbt build`."""
 
 from __future__ import annotations
 
+import json
+
 import duckdb
 import pytest
 from test_group_intervals import GROUP_SETS, evaluate_group_sets
@@ -17,12 +19,13 @@ from clipcache.tasks.suites.sql import register
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """The group sets and FairFace evaluated, then `dbt build` (models, schema tests, unit tests) over them."""
+    """The group sets and FairFace evaluated, then `dbt build` (models, schema tests, and the project's unit tests,
+    which `clipcache report` leaves out: this build is where they run) over them."""
     from clipcache.tasks.report.dbt_build import dbt_build
 
     base = tmp_path_factory.mktemp("group-marts")
     evaluate_group_sets(base)
-    return base / "out", dbt_build(base / "out")
+    return base / "out", dbt_build(base / "out", unit_tests=True)
 
 
 def _rows(con, sql: str) -> dict[tuple, tuple]:
@@ -61,3 +64,15 @@ def test_group_marts_equal_the_metric_rows_and_the_views_rendered_from_the_same_
     # the definitions dbt was given are the warehouse's
     assert sorted(mart.execute("select * from stg_group_definitions").fetchall()) == sorted(groups.definitions())
     mart.close()
+
+
+@pytest.mark.slow
+def test_the_build_ran_and_passed_every_unit_test_and_data_test_of_the_project(built):
+    out, _ = built
+    manifest = json.loads((out / "report" / "dbt_target" / "manifest.json").read_text())
+    declared = set(manifest["unit_tests"]) | {n for n, node in manifest["nodes"].items()
+                                              if node["resource_type"] == "test"}
+    results = json.loads((out / "report" / "dbt_target" / "run_results.json").read_text())["results"]
+    ran = {r["unique_id"]: r["status"] for r in results if r["unique_id"].startswith(("unit_test.", "test."))}
+    assert ran.keys() == declared and set(ran.values()) == {"pass"}
+    assert {n.split(".")[0] for n in ran} == {"unit_test", "test"}

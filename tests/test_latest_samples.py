@@ -7,6 +7,7 @@ clean-up); dbt, building from the same files, gives the same rows and columns.""
 
 from __future__ import annotations
 
+import json
 import shutil
 from datetime import timedelta
 
@@ -103,3 +104,7 @@ def test_dbt_builds_the_same_rows_and_columns_from_the_same_file(warehouse):
     assert mart.execute(ROWS.replace("latest_samples", "stg_latest_samples")).fetchall() == \
         view.execute(ROWS).fetchall()
     mart.close()
+    # a report's build runs the data tests, not the unit tests (fixed rows, checked in tests/test_group_marts.py)
+    results = json.loads((out / "report" / "dbt_target" / "run_results.json").read_text())["results"]
+    kinds = {r["unique_id"].split(".")[0] for r in results}
+    assert kinds == {"model", "test"} and all(r["status"] in ("success", "pass") for r in results)

@@ -104,9 +104,14 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def dbt_build(output_dir: str | Path, work_dir: str | Path | None = None) -> Path:
-    """``dbt build`` (models + data tests + unit tests) into ``<output_dir>/report/reports.duckdb``, plus the suites'
-    intervals and ranks (tasks/report/suites.py); returns it."""
+def dbt_build(output_dir: str | Path, work_dir: str | Path | None = None, *, unit_tests: bool = False) -> Path:
+    """``dbt build`` (models + data tests) into ``<output_dir>/report/reports.duckdb``, plus the suites' intervals and
+    ranks (tasks/report/suites.py); returns it.
+
+    ``unit_tests``: also run the project's dbt unit tests. They check the models' SQL on fixed rows written in
+    dbt_reports/models/schema.yml, never the warehouse, so a report would repeat the same check every time: as
+    dbt recommends, they run where the SQL changes (the test suite: tests/test_group_marts.py), not in every
+    `clipcache report`."""
     check_results(output_dir)  # before dbt's import (seconds): a foreign file is refused at once
     output_dir = Path(output_dir).resolve()
     work = Path(work_dir).resolve() if work_dir else output_dir / "report"
@@ -118,7 +123,7 @@ def dbt_build(output_dir: str | Path, work_dir: str | Path | None = None) -> Pat
     with lock(work / f"{BUILD_DIR}.lock"):
         shutil.rmtree(building, ignore_errors=True)  # what a build killed before its end left
         building.mkdir(parents=True)
-        _build(env, work, staged, database, output_dir)
+        _build(env, work, staged, database, output_dir, unit_tests=unit_tests)
     return database
 
 
@@ -134,7 +139,8 @@ def write_profile(folder: Path) -> Path:
     return folder
 
 
-def _build(env: dict[str, str], work: Path, staged: Path, database: Path, output_dir: Path) -> None:
+def _build(env: dict[str, str], work: Path, staged: Path, database: Path, output_dir: Path, *,
+           unit_tests: bool) -> None:
     from dbt.cli.main import dbtRunner
 
     from clipcache.tasks.evaluation import dbt_vars
@@ -149,7 +155,7 @@ def _build(env: dict[str, str], work: Path, staged: Path, database: Path, output
                     "build", "--project-dir", str(PROJECT_DIR), "--profiles-dir", str(write_profile(staged.parent)),
                     "--target-path", str(work / "dbt_target"), "--log-path", str(work / "dbt_logs"),
                     "--vars", json.dumps({**dbt_vars(), **suite_vars()}), "--log-level", "none",
-                    "--log-level-file", "debug"])
+                    "--log-level-file", "debug", *([] if unit_tests else ["--exclude-resource-type", "unit_test"])])
             finally:
                 _close_dbt_database()
         if interrupted.is_set() or isinstance(result.exception, KeyboardInterrupt):
