@@ -161,8 +161,7 @@ def test_the_sdist_unpacked_and_built_gives_the_same_wheel(wheel, tmp_path):
         assert json.loads(a.read("clipcache/_build.json")) == json.loads(w.read("clipcache/_build.json"))
 
 
-def test_installed_wheel_runs_the_demo_report_suites_compare_and_a_worker_deployment(venv, prefect_api,  # noqa: F811
-                                                                                        tmp_path):
+def test_installed_wheel_runs_the_demo_report_suites_compare_and_a_worker_deployment(venv, request, tmp_path):
     python, package, run = venv.python, venv.package, venv.run
     before = _snapshot(package)
     work = tmp_path / "team"  # outside the checkout; the project folder `clipcache init` writes
@@ -214,25 +213,29 @@ def test_installed_wheel_runs_the_demo_report_suites_compare_and_a_worker_deploy
                              "--format", "json"))
     assert "tiny-shapes-clip" in json.dumps(scores)
 
-    # the README's worker steps: a process work pool, `prefect deploy --all`, a worker, a triggered nightly run
-    env = _env(python, home, PREFECT_API_URL=prefect_api, PREFECT_WORKER_QUERY_SECONDS="1",
+    # the README's worker steps: a process work pool, `prefect deploy --all`, a worker, a triggered nightly run.
+    # The server (a module fixture) starts here, where it is first needed, not idling through the steps above.
+    api = request.getfixturevalue("prefect_api")
+    env = _env(python, home, PREFECT_API_URL=api, PREFECT_WORKER_QUERY_SECONDS="1",
                PREFECT_WORKER_PREFETCH_SECONDS="1")
     run(work, env, "prefect", "work-pool", "create", "clipcache", "--type", "process")
-    run(work, env, "prefect", "--no-prompt", "deploy", "--all")
+    # the worker polls the pool from now on: it starts up while `prefect deploy` runs, not after it
     worker = subprocess.Popen(venv.command(("prefect", "worker", "start", "--pool", "clipcache")), cwd=work,
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        run(work, env, "prefect", "--no-prompt", "deploy", "--all")
         triggered = run(work, env, "prefect", "deployment", "run", "evaluate-suite/nightly-evaluate")
         run_id = re.search(r"UUID: ([0-9a-f-]{36})", triggered)[1]
-        finished = _wait_for_run(prefect_api, run_id, 300, [worker])
+        finished = _wait_for_run(api, run_id, 300, [worker])
+        worker.terminate()  # it shuts down (seconds) while the checks below run
+        assert finished["state"]["type"] == "COMPLETED", finished["state"]
+        deployment = httpx.get(f"{api}/deployments/{finished['deployment_id']}").json()
+        assert deployment["entrypoint"] == "clipcache.flows.orchestration.flows:evaluate_suite"
+        # every run row says which release and commit made it; the worker's run added rows
+        [after_worker] = json.loads(run(work, env, "clipcache", "query", f"SELECT {versions} FROM runs",
+                                        "--format", "json"))
     finally:
         _stop(worker)
-    assert finished["state"]["type"] == "COMPLETED", finished["state"]
-    deployment = httpx.get(f"{prefect_api}/deployments/{finished['deployment_id']}").json()
-    assert deployment["entrypoint"] == "clipcache.flows.orchestration.flows:evaluate_suite"
-    # every run row says which release and commit made it; the worker's run added rows
-    [after_worker] = json.loads(run(work, env, "clipcache", "query", f"SELECT {versions} FROM runs", "--format",
-                                    "json"))
     for rows in (before_worker, after_worker):
         assert rows["versions"] == rows["metric_versions"] == [f"{VERSION}+g{head}"], rows
     assert after_worker["n"] > before_worker["n"]
