@@ -5,8 +5,12 @@ those imports are ~8 s of each start on a 2-core machine, the run itself 2-3 s).
 The forked child is a real process of its own: a fail point's SIGKILL kills it and nothing else, its files are
 written by its own file descriptors, and its exit status comes back as ``subprocess.run`` reports it (``-9`` for
 SIGKILL). What changes from a fresh interpreter is only which modules are already in memory, and those are chosen
-to read nothing per run at import: clipcache itself, Prefect and everything that reads ``CLIPCACHE_*`` or
-``PREFECT_*`` variables are imported by the child, after its environment and working folder are set.
+to read nothing per run at import: Prefect and everything that reads ``PREFECT_*`` variables are imported by the
+child, after its environment and working folder are set (the zygote refuses to serve if a preloaded module imported
+Prefect). clipcache's own modules are preloaded too (~0.7 s of CPU of each ~2.5 s run: a third of a fault case's
+start-ups), except that the one module that reads a ``CLIPCACHE_*`` variable at import, ``clipcache.storage.faults``
+(``CLIPCACHE_FAULT``), is executed again in the child once its environment is set (READ_AT_IMPORT); every other
+``CLIPCACHE_*`` variable is read when it is used.
 
 The zygote runs no Python thread besides its main one (checked at start-up): forking a process that runs threads can
 copy a lock held by a thread that does not exist in the child. (NumPy's OpenBLAS starts an idle native worker at
@@ -23,6 +27,7 @@ it and reports the exit status.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -32,13 +37,21 @@ import sys
 import tempfile
 import threading
 import uuid
+from importlib.metadata import entry_points
 from pathlib import Path
 
 PRELOAD = ("numpy", "PIL.Image", "torch", "torchvision", "transformers", "open_clip",
            # what every eval, encode or convert run imports besides clipcache (~1 s of each start): none of them reads
            # a CLIPCACHE_* or PREFECT_* variable at import
            "pydantic", "zarr", "numcodecs", "fsspec", "pyarrow", "pyarrow.parquet", "rich.console", "rich.table",
-           "cloudpickle", "msgpack")
+           "cloudpickle", "msgpack", "numpy.ma", "pyarrow.compute", "pyarrow.json", "rich.progress",
+           # clipcache's modules that an eval, encode or convert run imports (none imports Prefect: checked at start-up)
+           "clipcache.flows.cli.app", "clipcache.flows.config.params", "clipcache.flows.orchestration.pipeline",
+           "clipcache.tasks.score.stage", "clipcache.tasks.encode.stage", "clipcache.tasks.models.resolve",
+           "clipcache.tasks.models.open_clip_model", "clipcache.tasks.datasets.shapes")
+# Modules that read the environment when imported: executed again in each child, after its environment is set (a
+# reload runs the module's code again in the same namespace, so the functions other modules hold see the new values).
+READ_AT_IMPORT = ("clipcache.storage.faults",)
 
 
 class Zygote:
@@ -142,6 +155,9 @@ def _cli(request: dict) -> int:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        for name in READ_AT_IMPORT:
+            if name in sys.modules:
+                importlib.reload(sys.modules[name])
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -184,6 +200,12 @@ def _serve(address: str, preload: list[str]) -> None:
         from pydantic.plugin._loader import get_plugins  # (~0.7 s of each start, at its first model class)
 
         get_plugins()
+    # importlib.metadata's scan of the installed packages, cached per folder and checked against the folder's mtime:
+    # a child's read of clipcache's plugin entry points then costs what a warm scan costs (~0.1 s of each start)
+    entry_points(group="clipcache.models")
+    if read_prefect := sorted(m for m in sys.modules if m == "prefect" or m.startswith("prefect.")):
+        print(f"a preloaded module imported {read_prefect[0]}, which reads PREFECT_* variables at import", flush=True)
+        return
     if threading.active_count() != 1:
         print(f"{threading.active_count()} Python threads after the imports; forking would be unsafe", flush=True)
         return
