@@ -146,9 +146,14 @@ def test_text_batches_go_as_concurrent_requests_of_one_batch_each(embedding_serv
     assert metrics(tmp_path / "c4" / "out") == metrics(tmp_path / "c1" / "out")
 
 
-def test_the_cost_line_counts_the_requests_of_sharded_workers(embedding_server, tmp_path, capsys, prefect_server):
+def test_the_cost_line_counts_the_requests_of_sharded_workers(embedding_server, tmp_path, capsys, prefect_server,
+                                                              monkeypatch):
     """--task_runner threads: each worker's copy of the model sends its own requests (canaries, probe, shards); the
-    run's one cost line counts them all, as the server saw them."""
+    run's one cost line counts them all, as the server saw them. The flow run reports to the test's Prefect API
+    (PREFECT_API_URL, as a configured user's would) instead of starting a private server for the call."""
+    import prefect.settings
+
+    monkeypatch.setenv("PREFECT_API_URL", prefect.settings.PREFECT_API_URL.value())
     argv = api_eval(embedding_server, tmp_path, "--task_runner", "threads", "--workers", "2", "--shard_rows", "8",
                     "--batch_size", "8", datasets=("shapes_retrieval",), limit=24)
     argv.remove("local")  # a task runner runs inside a Prefect flow run
