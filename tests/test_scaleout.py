@@ -45,7 +45,10 @@ def _assert_same_entries(a, b) -> None:
             assert ea[key][name].dtype == eb[key][name].dtype
 
 
-BASE = {"models": [{"model_name": "tiny-shapes-clip"}], "datasets": ["shapes", "shapes_retrieval"], "limit": 200,
+# 72 images (two shards of 48 rows at most; the last batch has 8 rows and is encoded on a worker) and 132 distinct
+# captions (three shards; the last ends in a 4-row batch, so the flow encodes it: scaleout._tiny_last_batch): every
+# path a larger run takes, with 6 shard task runs on the workers instead of the 17 that 200 images took.
+BASE = {"models": [{"model_name": "tiny-shapes-clip"}], "datasets": ["shapes", "shapes_retrieval"], "limit": 72,
         "batch_size": 16, "verbose": False}
 
 
@@ -84,44 +87,55 @@ def test_interrupted_sharded_encode_redoes_only_missing_shards(prefect_server, s
     real = sharded.encode_shard
     calls: list[int] = []
 
-    def crash_on_fifth(job):
+    def crash_on_third(job):  # image shards 0-32 and 32-64 start first (two threads), then 64-72 fails
         calls.append(job.lo)
-        if job.lo == 128:
+        if job.lo == 64:
             raise ClipcacheError("worker lost")
         return real(job)
 
     from clipcache.flows.orchestration.scaleout import shard_tasks
 
     encode_shard_task = shard_tasks()[0]
-    monkeypatch.setattr(sharded, "encode_shard", crash_on_fifth)
-    monkeypatch.setattr(encode_shard_task, "fn", crash_on_fifth)
+    monkeypatch.setattr(sharded, "encode_shard", crash_on_third)
+    monkeypatch.setattr(encode_shard_task, "fn", crash_on_third)
     with pytest.raises(ClipcacheError, match="worker lost"):
         evaluate(params)
     store = EmbeddingStore(tmp_path / "cache")
     assert store.keys() == [] or all(store.open(k).attrs["kind"] != "image" for k in store.keys())
-    done_before = set(calls) - {128}
+    done_before = set(calls) - {64}
 
     calls.clear()
     monkeypatch.setattr(encode_shard_task, "fn", lambda job: (calls.append(job.lo), real(job))[1])
     result = evaluate(params)[0]
-    assert result.resumed and 128 in calls
+    assert result.resumed and 64 in calls
     assert not (set(calls) & done_before), "finished shards were encoded again"
     assert result.metrics == single_process[1][0].metrics
     image = [k for k in store.keys() if store.open(k).attrs["kind"] == "image"]
     ref = EmbeddingStore(single_process[0])
-    ref_image = [k for k in ref.keys() if ref.open(k).attrs["kind"] == "image" and ref.open(k).count == 200]
+    ref_image = [k for k in ref.keys() if ref.open(k).attrs["kind"] == "image" and ref.open(k).count == BASE["limit"]]
     np.testing.assert_array_equal(store.open(image[0]).embeddings(), ref.open(ref_image[0]).embeddings())
+
+
+# What a worker imports for its first shard (the task's module, Prefect's task engine, the model's library), imported
+# when the worker process starts instead (Dask's distributed.worker.preload, `dask worker --preload`): both workers
+# import at once while the flow starts, instead of one after the other on their first task. The same modules are
+# still imported in each fresh worker interpreter.
+WORKER_PRELOAD = ["clipcache.tasks.encode.sharded", "prefect.task_engine", "open_clip"]
 
 
 @pytest.mark.slow
 def test_dask_local_cluster_with_two_workers_matches_single_process(prefect_server, single_process, tmp_path):
     """Two Dask worker processes (one torch thread each) against one process with the default threads."""
+    import dask
+    import distributed  # noqa: F401 (its config defaults first: leaving dask.config.set then restores only the key)
+
     from clipcache.flows.config.params import EvaluateParams
     from clipcache.flows.orchestration.flows import evaluate
 
     params = EvaluateParams(**BASE, cache_dir=str(tmp_path / "cache"), output_dir=str(tmp_path / "out"),
                             task_runner="dask", workers=2, shard_rows=48)
-    results = evaluate(params)
+    with dask.config.set({"distributed.worker.preload": WORKER_PRELOAD}):  # the nanny hands its config to its worker
+        results = evaluate(params)
     assert [r.metrics for r in results] == [r.metrics for r in single_process[1]]
     _assert_same_entries(single_process[0], tmp_path / "cache")
 
@@ -206,7 +220,9 @@ def test_existing_dask_scheduler_by_address(prefect_server, single_process, tmp_
     procs = [subprocess.Popen([str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
                                "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
              subprocess.Popen([str(bin_dir / "dask"), "worker", f"tcp://127.0.0.1:{port}", "--no-nanny",
-                               "--nthreads", "2", "--no-dashboard", "--host", "127.0.0.1"], env={**env, **threads},
+                               "--nthreads", "2", "--no-dashboard", "--host", "127.0.0.1",
+                               *(arg for module in WORKER_PRELOAD for arg in ("--preload", module))],
+                              env={**env, **threads},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         _wait_listening(port, procs[0])  # a slow start is not an unreachable scheduler (the client waits 30 s)
