@@ -152,8 +152,13 @@ def test_prefect_deploy_and_a_process_worker_run_a_triggered_evaluation(prefect_
     home = tmp_path / "client-home"
     env = _env(home, prefect_api, PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_WORKER_PREFETCH_SECONDS="1")
     run = subprocess.run
-    run([str(BIN / "prefect"), "work-pool", "create", "clipcache", "--type", "process"], env=env, cwd=REPO,
-        check=True, capture_output=True, timeout=120)
+    # the pool `prefect work-pool create clipcache --type process` makes, made through the REST API it calls (one
+    # Prefect CLI start-up less): a process pool with the process worker's default job template
+    from prefect.workers.process import ProcessWorker
+
+    pool = httpx.post(f"{prefect_api}/work_pools/", timeout=30, json={
+        "name": "clipcache", "type": "process", "base_job_template": ProcessWorker.get_default_base_job_template()})
+    assert pool.status_code == 201, pool.text
     deployed = run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env=env, cwd=REPO, capture_output=True,
                    text=True, timeout=300)
     assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]

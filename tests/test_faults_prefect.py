@@ -1,16 +1,20 @@
 """Fault injection around the CLI's private Prefect server (marked ``faults``; runs in CI with the full suite): a
 CLI killed by SIGKILL, SIGTERM or Ctrl-C leaves no process it started behind, and a CLI with a private server exits
-cleanly. The console script itself runs here (not tests/cli_zygote.py's fork): what is checked is the process tree."""
+cleanly. The console script itself runs here (not tests/cli_zygote.py's fork): what is checked is the process tree.
+Each private server starts from the test run's migrated database where there is one (tests/prefect_db_helpers.py):
+what these tests prove does not depend on Alembic migrating a fresh one, and the CLI's imports get the cores."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from prefect_db_helpers import seed_database
 from test_faults import CLI, env
 
 pytestmark = [pytest.mark.faults, pytest.mark.full]
@@ -41,7 +45,8 @@ def _descendants(pid: int) -> set[int]:
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc (Linux)")
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "Ctrl-C"])
-def test_a_killed_cli_leaves_no_prefect_server_behind(tmp_path, how):
+def test_a_killed_cli_leaves_no_prefect_server_behind(tmp_path, tmp_path_factory, how):
+    seed_database(tmp_path / "prefect", tmp_path_factory)
     argv = ["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--orchestrator", "prefect", "--quiet",
             "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]
     proc = subprocess.Popen([str(CLI), *argv], cwd=tmp_path, env=env(PREFECT_HOME=str(tmp_path / "prefect")),
@@ -66,9 +71,41 @@ def test_a_killed_cli_leaves_no_prefect_server_behind(tmp_path, how):
     assert survivors == [], f"processes the killed CLI started are still running: {survivors}"
 
 
-def test_a_cli_with_a_private_server_exits_cleanly(tmp_path):
+def test_a_cli_with_a_private_server_exits_cleanly(tmp_path, tmp_path_factory):
+    seed_database(tmp_path / "prefect", tmp_path_factory)  # never kept from here: this database gets a flow run
     done = run_console_script(["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--limit", "40", "--orchestrator",
                 "prefect", "--quiet", "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")],
                tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Error logging to API" not in done.stderr and "Traceback" not in done.stderr
+
+
+SPY = """import subprocess, sys
+spawned = []
+class Spy(subprocess.Popen):
+    def __init__(self, args, *rest, **kw):
+        super().__init__(args, *rest, **kw)
+        spawned.append((self, "torch" in sys.modules))
+subprocess.Popen = Spy
+from clipcache.flows.cli import main
+code = main(sys.argv[1:])
+print(code, [(torch, p.poll() is not None) for p, torch in spawned if p.args[1:4] == ["-m", "prefect", "server"]])
+"""
+
+
+def test_the_private_server_starts_before_torch_and_a_config_error_after_it_stops_it(tmp_path, tmp_path_factory):
+    """The server's process is spawned before the CLI imports torch (start-up and import overlap), and an error the
+    flow finds after that is one line with the server already stopped when the CLI returns (not left to the kernel
+    at exit)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    seed_database(work / "prefect", tmp_path_factory)
+    argv = ["eval", "--model", "tiny-shapes-clip", "--dataset", "wds/nothing", "--dataset_root",
+            str(tmp_path / "missing"), "--orchestrator", "prefect", "--quiet", "--output_dir", str(tmp_path / "out"),
+            "--cache_dir", str(tmp_path / "cache")]
+    done = subprocess.run([sys.executable, "-c", SPY, *argv], cwd=work, capture_output=True, text=True,
+                          timeout=300, env=env(PREFECT_HOME=str(work / "prefect")))
+    assert done.stdout.strip().splitlines()[-1] == "1 [(False, True)]", done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [f"error: dataset 'wds/nothing': directory {tmp_path / 'missing'} "
+                                                f"does not exist"], done.stderr
+    assert list((work / "prefect").glob("clipcache-private-*.log")) == []  # close() ran: it removes the log

@@ -59,6 +59,20 @@ def test_sharded_encoding_needs_prefect(home):
         launch.choose("local", needs_prefect=True)
 
 
+def test_no_private_server_is_started_ahead_when_the_call_does_not_need_one(home, monkeypatch):
+    def spawn(*args, **kwargs):
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(prefect_server, "_spawn", spawn)
+    with launch.server_ahead("local") as server, launch.server_ahead("auto") as server_auto:
+        assert server is None and server_auto is None  # local calls
+    with pytest.raises(ConfigError, match="task_runner"):  # a config error found before: nothing started
+        launch.server_ahead("local", needs_prefect=True)
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")  # a configured server is used instead
+    with launch.server_ahead("prefect") as server, launch.server_ahead("auto", needs_prefect=True) as sharded:
+        assert server is None and sharded is None
+
+
 class _Health(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 (http.server's name)
         self.send_response(200 if self.path == "/api/health" else 404)
@@ -93,11 +107,13 @@ def run_python(code: str, env: dict) -> subprocess.CompletedProcess:
     (["eval", "--model", "tiny-shapes-clip", "--dataset", "shapse"], "Did you mean"),
     (["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--task", "retreival"], "is not one of"),
     (["rescore", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--ties", "random"], "is not one of topk, stable"),
+    (["eval", "--model", "tiny-shapes-clip", "--dataset", "shapse", "--orchestrator", "prefect"], "Did you mean"),
 ])
 def test_a_bad_name_fails_before_torch_or_prefect_is_imported(argv, expected, tmp_path):
     code = ("import sys\nfrom clipcache.flows.cli import main\ntry:\n    code = main(" + repr(argv) + ")\n"
             "except SystemExit as e:\n    code = e.code\n"
-            "print(code, sorted(m for m in ('torch', 'open_clip', 'prefect') if m in sys.modules))")
+            "print(code, sorted(m for m in ('torch', 'open_clip', 'prefect', "
+            "'clipcache.flows.orchestration.prefect_server') if m in sys.modules))")  # no server started either
     proc = run_python(code, {**os.environ, "PREFECT_HOME": str(tmp_path)})
     assert expected in proc.stderr, proc.stderr
     assert proc.stdout.split()[0] != "0" and proc.stdout.strip().endswith("[]"), proc.stdout

@@ -96,13 +96,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         if skipped:
             out().print(f"suite {params.suite}: not evaluated (no reader in clipcache yet): {', '.join(skipped)}; "
                         f"its suite score stays partial without them", highlight=False)
+    from clipcache.flows.orchestration import launch
     from clipcache.tasks.progress import StageProgress
 
-    with StageProgress(enabled=params.verbose).status("starting: loading torch and the pipeline"):
-        from clipcache.flows.orchestration.launch import evaluate
-        from clipcache.flows.orchestration.pipeline import run_evaluation  # noqa: F401  (its imports are the slow part)
-        from clipcache.tasks.encode import stage  # noqa: F401
-    return _show(evaluate(params, args.cached_only, args.orchestrator), params)
+    # a private Prefect server this call needs starts now: its start-up overlaps the imports below
+    with launch.server_ahead(args.orchestrator, launch.needs_prefect(params, args.cached_only)) as server:
+        with StageProgress(enabled=params.verbose).status("starting: loading torch and the pipeline"):
+            from clipcache.flows.orchestration.pipeline import run_evaluation  # noqa: F401  (the slow imports)
+            from clipcache.tasks.encode import stage  # noqa: F401
+        results = launch.evaluate(params, args.cached_only, args.orchestrator, server=server)
+    return _show(results, params)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

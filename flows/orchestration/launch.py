@@ -6,7 +6,8 @@ plain calls with no orchestrator start-up.
   (flows/orchestration/stages.py) and writes the same files and rows, in a fraction of the time (Prefect's temporary server alone
   costs 5-15 s per call). ``--task_runner`` other than ``none`` needs Prefect's task runners, so it implies Prefect.
 - ``prefect``: always a flow run; with no server configured, a private server is started for the call and stopped
-  with it (flows/orchestration/prefect_server.py), so no process outlives the CLI.
+  with it (flows/orchestration/prefect_server.py), so no process outlives the CLI. The CLI starts it ahead
+  (``server_ahead``, once its flags are valid and before torch is imported) and waits for it where the flow begins.
 - ``local``: always plain calls.
 
 Deployments and workers run the Prefect flows directly and are unaffected.
@@ -17,9 +18,12 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clipcache.flows.config.params import EvaluateParams
+
+if TYPE_CHECKING:
+    from clipcache.flows.orchestration.prefect_server import PrivateServer
 
 
 def profile_api(home: str | os.PathLike | None = None) -> str | None:
@@ -64,17 +68,35 @@ def choose(requested: str, needs_prefect: bool = False) -> str:
     return "prefect" if needs_prefect or configured_api() else "local"
 
 
+def needs_prefect(params: EvaluateParams, cached_only: bool) -> bool:
+    """Sharded encoding runs on Prefect's task runners."""
+    return params.task_runner != "none" and not cached_only
+
+
+def server_ahead(requested: str, needs_prefect: bool = False) -> contextlib.AbstractContextManager[
+        PrivateServer | None]:
+    """The private server this call will need, its process spawned now (so its start-up overlaps what the caller
+    does next) and stopped when the block ends: None (nothing started) when the call runs locally or a server is
+    configured. A ConfigError of ``choose`` is raised before anything starts."""
+    if choose(requested, needs_prefect) != "prefect" or configured_api():
+        return contextlib.nullcontext()
+    from clipcache.flows.orchestration.prefect_server import PrivateServer
+
+    return PrivateServer()
+
+
 @contextlib.contextmanager
-def prefect_api() -> Iterator[None]:
-    """Make sure Prefect has an API to talk to: the configured one, or a private server for this call."""
-    url = configured_api()
+def prefect_api(started: PrivateServer | None = None) -> Iterator[None]:
+    """Make sure Prefect has an API to talk to: ``started`` (a private server spawned ahead by ``server_ahead``),
+    else the configured one, else a private server for this call."""
+    url = None if started else configured_api()
     if url:
         os.environ["PREFECT_API_URL"] = url
         yield
         return
     from clipcache.flows.orchestration.prefect_server import private_server
 
-    with private_server() as url:
+    with private_server(started) as url:
         os.environ["PREFECT_API_URL"] = url
         try:
             yield
@@ -82,10 +104,12 @@ def prefect_api() -> Iterator[None]:
             os.environ.pop("PREFECT_API_URL", None)
 
 
-def evaluate(params: EvaluateParams, cached_only: bool, orchestrator: str = "auto") -> list[Any]:
-    mode = choose(orchestrator, needs_prefect=params.task_runner != "none" and not cached_only)
+def evaluate(params: EvaluateParams, cached_only: bool, orchestrator: str = "auto", *,
+             server: PrivateServer | None = None) -> list[Any]:
+    """``server``: the private server ``server_ahead`` started for this call, if any."""
+    mode = choose(orchestrator, needs_prefect(params, cached_only))
     if mode == "prefect":
-        with prefect_api():
+        with prefect_api(server):
             from clipcache.flows.orchestration.deployments import with_registry_options
             from clipcache.flows.orchestration.flows import evaluate as evaluate_flow
             from clipcache.flows.orchestration.flows import rescore as rescore_flow

@@ -6,7 +6,9 @@ call and gone with it.
   set) and run their evaluations as Prefect flow runs against it, visible in its UI. ``clipcache server stop`` ends it.
 - ``--orchestrator prefect`` with no server configured starts a private one for the call, in place of Prefect's own
   temporary server: it is killed when the call ends, and the kernel kills it if the call is killed (SIGKILL
-  included), so nothing the CLI starts outlives it.
+  included), so nothing the CLI starts outlives it. The CLI spawns it as soon as its flags are validated
+  (flows/orchestration/launch.py ``server_ahead``), so the server's start-up overlaps the import of torch and the
+  pipeline; the call waits for it only where the flow run begins.
 """
 
 from __future__ import annotations
@@ -154,26 +156,53 @@ def _drain_prefect_clients(timeout: float = 15.0) -> None:
             service.drain_all(timeout=timeout)
 
 
+class PrivateServer:
+    """A server for this process only, started ahead of need: the process is spawned at construction (its start-up
+    overlaps whatever the caller does next: the CLI imports torch), ``ready()`` waits for it where it is needed,
+    ``close()`` stops it (idempotent). The kernel kills it if we die."""
+
+    def __init__(self) -> None:
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}/api"
+        self.log = prefect_home() / f"clipcache-private-{os.getpid()}.log"
+        for stale in self.log.parent.glob("clipcache-private-*.log"):  # left by CLIs that were killed
+            pid = stale.stem.rsplit("-", 1)[-1]
+            if pid.isdigit() and not process_alive(int(pid)):
+                stale.unlink(missing_ok=True)
+        self.process = _spawn(port, self.log, private=True)
+        self._ready = False
+
+    def ready(self) -> str:
+        """Its API URL, once it answers."""
+        if not self._ready:
+            _wait_healthy(self.process, self.url, self.log)
+            self._ready = True
+        return self.url
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            _drain_prefect_clients()
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.unlink(missing_ok=True)
+
+    def __enter__(self) -> PrivateServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 @contextlib.contextmanager
-def private_server() -> Iterator[str]:
-    """A server for this process only: yields its API URL; stopped on exit, killed by the kernel if we die."""
-    port = _free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
-    log = prefect_home() / f"clipcache-private-{os.getpid()}.log"
-    for stale in log.parent.glob("clipcache-private-*.log"):  # left by CLIs that were killed
-        pid = stale.stem.rsplit("-", 1)[-1]
-        if pid.isdigit() and not process_alive(int(pid)):
-            stale.unlink(missing_ok=True)
-    process = _spawn(port, log, private=True)
+def private_server(started: PrivateServer | None = None) -> Iterator[str]:
+    """A server for this process only (``started``: one spawned earlier): yields its API URL once it answers; stopped
+    on exit, killed by the kernel if we die."""
+    server = started or PrivateServer()
     try:
-        _wait_healthy(process, api_url, log)
-        yield api_url
+        yield server.ready()
     finally:
-        _drain_prefect_clients()
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.unlink(missing_ok=True)
+        server.close()
