@@ -81,31 +81,32 @@ def test_a_cli_with_a_private_server_exits_cleanly(tmp_path, tmp_path_factory):
 
 
 SPY = """import subprocess, sys
+from clipcache.storage.errors import ConfigError
 spawned = []
 class Spy(subprocess.Popen):
     def __init__(self, args, *rest, **kw):
         super().__init__(args, *rest, **kw)
         spawned.append((self, "torch" in sys.modules))
+class ConfigErrorAfterTheSpawn:  # the first import after the spawn finds a bad config (a fault injected there)
+    def find_spec(self, name, *args):
+        if name == "clipcache.flows.orchestration.pipeline" and spawned:
+            raise ConfigError("dataset_root: an error found after the server was spawned")
 subprocess.Popen = Spy
+sys.meta_path.insert(0, ConfigErrorAfterTheSpawn())
 from clipcache.flows.cli import main
 code = main(sys.argv[1:])
 print(code, [(torch, p.poll() is not None) for p, torch in spawned if p.args[1:4] == ["-m", "prefect", "server"]])
 """
 
 
-def test_the_private_server_starts_before_torch_and_a_config_error_after_it_stops_it(tmp_path, tmp_path_factory):
-    """The server's process is spawned before the CLI imports torch (start-up and import overlap), and an error the
-    flow finds after that is one line with the server already stopped when the CLI returns (not left to the kernel
-    at exit)."""
-    work = tmp_path / "work"
-    work.mkdir()
-    seed_database(work / "prefect", tmp_path_factory)
-    argv = ["eval", "--model", "tiny-shapes-clip", "--dataset", "wds/nothing", "--dataset_root",
-            str(tmp_path / "missing"), "--orchestrator", "prefect", "--quiet", "--output_dir", str(tmp_path / "out"),
-            "--cache_dir", str(tmp_path / "cache")]
-    done = subprocess.run([sys.executable, "-c", SPY, *argv], cwd=work, capture_output=True, text=True,
-                          timeout=300, env=env(PREFECT_HOME=str(work / "prefect")))
-    assert done.stdout.strip().splitlines()[-1] == "1 [(False, True)]", done.stdout + done.stderr
-    assert done.stderr.strip().splitlines() == [f"error: dataset 'wds/nothing': directory {tmp_path / 'missing'} "
-                                                f"does not exist"], done.stderr
-    assert list((work / "prefect").glob("clipcache-private-*.log")) == []  # close() ran: it removes the log
+def test_the_private_server_starts_before_torch_and_a_config_error_after_it_stops_it(tmp_path):
+    """The server's process is spawned before the CLI imports torch (start-up and import overlap), and a config error
+    found after that is one line, with the server already stopped when the CLI returns (not left to the kernel at
+    exit). The error is injected at the import that follows the spawn, so the server is stopped while it starts."""
+    argv = ["eval", "--model", "tiny-shapes-clip", "--dataset", "shapes", "--orchestrator", "prefect", "--quiet",
+            "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]
+    done = subprocess.run([sys.executable, "-c", SPY, *argv], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=env(PREFECT_HOME=str(tmp_path / "prefect")))
+    assert done.stdout.strip().splitlines()[-1] == "2 [(False, True)]", done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == ["error: dataset_root: an error found after the server was spawned"]
+    assert list((tmp_path / "prefect").glob("clipcache-private-*.log")) == []  # close() ran: it removes the log
