@@ -104,6 +104,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         with StageProgress(enabled=params.verbose).status("starting: loading torch and the pipeline"):
             from clipcache.flows.orchestration.pipeline import run_evaluation  # noqa: F401  (the slow imports)
             from clipcache.tasks.encode import stage  # noqa: F401
+            if server is not None:  # Prefect too, while its server starts (it reads PREFECT_API_URL on import)
+                from clipcache.flows.orchestration import flows  # noqa: F401
         results = launch.evaluate(params, args.cached_only, args.orchestrator, server=server)
     return _show(results, params)
 

@@ -76,13 +76,24 @@ def needs_prefect(params: EvaluateParams, cached_only: bool) -> bool:
 def server_ahead(requested: str, needs_prefect: bool = False) -> contextlib.AbstractContextManager[
         PrivateServer | None]:
     """The private server this call will need, its process spawned now (so its start-up overlaps what the caller
-    does next) and stopped when the block ends: None (nothing started) when the call runs locally or a server is
-    configured. A ConfigError of ``choose`` is raised before anything starts."""
+    does next, Prefect's import included: PREFECT_API_URL is its URL inside the block) and stopped when the block
+    ends: None (nothing started) when the call runs locally or a server is configured. A ConfigError of ``choose``
+    is raised before anything starts."""
     if choose(requested, needs_prefect) != "prefect" or configured_api():
         return contextlib.nullcontext()
+    return _started_ahead()
+
+
+@contextlib.contextmanager
+def _started_ahead() -> Iterator[PrivateServer]:
     from clipcache.flows.orchestration.prefect_server import PrivateServer
 
-    return PrivateServer()
+    with PrivateServer() as server:
+        os.environ["PREFECT_API_URL"] = server.url  # known before it answers: Prefect may be imported meanwhile
+        try:
+            yield server
+        finally:
+            os.environ.pop("PREFECT_API_URL", None)
 
 
 @contextlib.contextmanager
