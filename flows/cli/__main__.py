@@ -2,7 +2,7 @@
 
 import sys
 
-from clipcache.flows.cli.app import main
+from clipcache.flows.cli import console
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())
