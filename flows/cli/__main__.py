@@ -2,7 +2,7 @@
 
 import sys
 
-from clipcache.flows.cli import console
+from clipcache.flows.cli.app import main
 
 if __name__ == "__main__":
-    sys.exit(console())
+    sys.exit(main())
